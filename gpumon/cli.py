@@ -1,0 +1,293 @@
+"""The `gpumon` command line: parse, wire sources to the sampler and sinks, map errors to exit codes.
+
+Every error a user can cause ends in one line on stderr and a documented exit code (README,
+"Exit codes"); tracebacks are only shown with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from gpumon import __version__
+from gpumon.clock import Clock, MonotonicClock, ScaledClock, SinceStart, VirtualClock
+from gpumon.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    GpumonError,
+    UsageError,
+)
+from gpumon.sampler import DEFAULT_INTERVAL_S, Sampler
+from gpumon.sources.factory import OpenedSources, SourceOptions, open_sources
+
+log = logging.getLogger("gpumon")
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM: stop cleanly, keep what was recorded."""
+
+
+# -- argument types: each names what was wrong ---------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(Fraction(text))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _period(text: str) -> float:
+    value = _positive_float(text)
+    if not 1 / 6 - 1e-9 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 1/6 and 1 second, got {text}")
+    return value
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1024, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _speed(text: str) -> float:
+    if text == "max":
+        return float("inf")
+    return _positive_float(text)
+
+
+def _add_source_flags(p: argparse.ArgumentParser, *, speed: bool) -> None:
+    g = p.add_argument_group("what to sample (default: this machine's GPUs through NVML)")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--simulate", metavar="SCENARIO[,SCENARIO...]",
+                       help="simulated GPUs following these scenarios, cycled over the GPUs "
+                            "(see 'gpumon scenarios')")
+    which.add_argument("--replay", metavar="FILE", help="play back a recorded trace")
+    g.add_argument("--gpus", type=_gpu_count, metavar="N",
+                   help="number of simulated GPUs (default: one per scenario given)")
+    g.add_argument("--seed", type=_seed, default=0, metavar="S",
+                   help="seed of the simulation (default 0); the same seed gives the same run")
+    g.add_argument("--sample-period", type=_period, default=1 / 6, metavar="SECONDS",
+                   help="simulated driver's utilization sample period, 1/6 to 1 (default 1/6)")
+    if speed:
+        g.add_argument("--speed", type=_speed, default=1.0, metavar="FACTOR|max",
+                       help="simulate or replay FACTOR times faster than real time, or 'max' "
+                            "for as fast as possible (default 1)")
+
+
+def _source_options(args: argparse.Namespace) -> SourceOptions:
+    from gpumon.sim.scenarios import parse_scenarios
+
+    if args.simulate is None and (args.gpus is not None):
+        raise UsageError("--gpus needs --simulate (real GPUs are counted, not chosen)")
+    return SourceOptions(
+        simulate=parse_scenarios(args.simulate) if args.simulate is not None else None,
+        gpus=args.gpus,
+        seed=args.seed,
+        sample_period_s=args.sample_period,
+        replay=args.replay,
+    )
+
+
+def _clock(args: argparse.Namespace) -> Clock:
+    speed = getattr(args, "speed", 1.0)
+    if speed == 1.0:
+        return MonotonicClock()
+    if args.simulate is None and args.replay is None:
+        raise UsageError("--speed needs --simulate or --replay: real GPUs run in real time")
+    return VirtualClock() if speed == float("inf") else ScaledClock(speed)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from gpumon.sim.scenarios import SCENARIOS
+
+    width = max(len(n) for n in SCENARIOS)
+    for name, scenario in SCENARIOS.items():
+        print(f"{name:<{width}}  {scenario.summary}")
+    return EXIT_OK
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    clock = MonotonicClock()
+    sources = open_sources(_source_options(args), clock)
+    try:
+        gpus = sources.gpu.poll(clock.now())
+    finally:
+        sources.close()
+    rows = [
+        {
+            "index": g.index, "name": g.name, "uuid": g.uuid, "available": g.available,
+            "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes,
+            "util_ratio": g.util_ratio, "error": g.error,
+        }
+        for g in gpus
+    ]
+    if args.json:
+        json.dump({"source": sources.description, "gpus": rows}, sys.stdout, indent=2)
+        print()
+        return EXIT_OK
+    if not rows:
+        print("no GPUs found")
+        return EXIT_OK
+    print(f"{'GPU':>3}  {'NAME':<36} {'UUID':<40} {'MEMORY USED/TOTAL':>19} {'UTIL':>5}")
+    for r in rows:
+        if not r["available"]:
+            print(f"{r['index']:>3}  {r['name'] or '?':<36} {r['uuid'] or '?':<40} "
+                  f"unavailable: {r['error']}")
+            continue
+        mem = f"{_gib(r['mem_used_bytes'])} / {_gib(r['mem_total_bytes'])} GiB"
+        util = f"{r['util_ratio'] * 100:.0f}%" if r["util_ratio"] is not None else "n/a"
+        print(f"{r['index']:>3}  {r['name']:<36} {r['uuid']:<40} {mem:>19} {util:>5}")
+    if sources.simulated:
+        print("(simulated GPUs: --simulate)")
+    return EXIT_OK
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 1024**3:.1f}"
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from gpumon.trace import TraceWriter, make_header
+
+    clock = SinceStart(_clock(args))
+    sources = open_sources(_source_options(args), clock)
+    header = make_header(sources.description, args.interval)
+    writer = TraceWriter(args.output, header, force=args.force)
+    sampler = Sampler(sources.gpu, sources.host, clock, interval_s=args.interval,
+                      window_s=args.interval * 4, on_tick=[writer.write_tick])
+    what = _describe(sources)
+    until = f"for {args.duration:g} s" if args.duration else "until interrupted (Ctrl-C)"
+    print(f"gpumon: recording {what} every {args.interval:g} s {until} to {args.output}",
+          file=sys.stderr)
+    reason = "duration"
+    try:
+        with _StopOnSignals():
+            sampler.run(duration_s=args.duration, exhausted=sources.exhausted)
+        if sources.exhausted is not None and sources.exhausted():
+            reason = "replay-ended"
+    except Interrupted:
+        reason = "interrupted"
+    finally:
+        last = sampler.last_tick.t_s if sampler.last_tick else None
+        writer.close(last, reason)
+        sources.close()
+    gpus = sampler.last_tick.gpus if sampler.last_tick else ()
+    print(f"gpumon: wrote {writer.ticks} ticks of {len(gpus)} GPU(s) to {args.output} ({reason})",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED if reason == "interrupted" else EXIT_OK
+
+
+def _describe(sources: OpenedSources) -> str:
+    d = sources.description
+    if d["kind"] == "simulated":
+        return f"{d['gpus']} simulated GPU(s) ({', '.join(sorted(set(d['scenarios'])))})"
+    if d["kind"] == "replay":
+        return f"a replay of {d['file']}"
+    return "this machine's GPUs (NVML)"
+
+
+class _StopOnSignals:
+    """Turn SIGTERM into a clean stop like Ctrl-C, so a killed `record` still ends its file."""
+
+    def __enter__(self) -> None:
+        def handler(signum: int, frame: Any) -> None:
+            raise Interrupted(signal.Signals(signum).name)
+
+        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+# -- parser and main -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpumon",
+        description="Catch GPUs starved by their input pipeline (CPU or storage).",
+    )
+    p.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"], help="(default warning)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("devices", help="list GPUs: index, name, UUID, memory, utilization now")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_source_flags(s, speed=False)
+    s.set_defaults(func=cmd_devices)
+
+    s = sub.add_parser("scenarios", help="list the simulated workload scenarios")
+    s.set_defaults(func=cmd_scenarios)
+
+    s = sub.add_parser("record", help="sample GPUs and host into a trace file")
+    s.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
+    s.add_argument("--duration", type=_positive_float, metavar="SECONDS",
+                   help="stop after this long (default: until Ctrl-C or SIGTERM)")
+    s.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
+                   metavar="SECONDS", help=f"time between ticks (default {DEFAULT_INTERVAL_S:g})")
+    s.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    _add_source_flags(s, speed=True)
+    s.set_defaults(func=cmd_record)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="gpumon: %(levelname)s: %(message)s")
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        parser.exit(e.exit_code, f"gpumon {args.command}: error: {e}\n")
+    except GpumonError as e:
+        print(f"gpumon: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except (KeyboardInterrupt, Interrupted):
+        print("gpumon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+

@@ -1,0 +1,99 @@
+"""Plain frozen samples passed up the chain. Base units are in the field names.
+
+Times (`t_s`) are seconds on the sampler's monotonic clock; in a trace they count from the start
+of the recording. A field the hardware does not report is `None`, never NaN or zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class UtilPoint:
+    """One driver utilization sample: the share of its sample period in which a kernel ran."""
+
+    t_s: float
+    util_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    gpu_mem_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    t_s: float
+    index: int
+    uuid: str
+    name: str
+    available: bool = True
+    """False when the GPU is lost or failing; the other fields are then None/empty."""
+    util_ratio: float | None = None
+    mem_util_ratio: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    util_history: tuple[UtilPoint, ...] = ()
+    """Driver samples newer than the previous tick's (nvmlDeviceGetSamples), oldest first."""
+    error: str | None = None
+    """Why the GPU is unavailable, when it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCpu:
+    """CPU use of one GPU process and its descendants (data-loader workers) over the last tick.
+
+    Ratios count cores: 1.0 is one core fully busy, so a process tree can exceed 1.0.
+    """
+
+    pid: int
+    name: str
+    cpu_ratio: float
+    """The process itself."""
+    children_cpu_ratio: float
+    """All descendants together."""
+    busiest_child_cpu_ratio: float
+    children: int
+    read_bytes_per_s: float | None = None
+    """Storage reads of the process tree, when the OS lets us see them."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    t_s: float
+    cpu_count: int
+    cpu_ratio: float
+    """All cores together, 0-1."""
+    busiest_core_ratio: float
+    iowait_ratio: float | None
+    load1: float
+    disk_read_bytes_per_s: float | None
+    processes: tuple[ProcessCpu, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What `gpumon devices` lists."""
+
+    index: int
+    uuid: str
+    name: str
+    mem_total_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Everything one sampler tick saw. `host` is None when the host source failed."""
+
+    t_s: float
+    gpus: tuple[GpuSample, ...]
+    host: HostSample | None
+    source_errors: tuple[str, ...] = field(default=())

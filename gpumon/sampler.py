@@ -1,0 +1,193 @@
+"""The sampling loop: ticks on an injected clock, isolates sources, keeps bounded history.
+
+Ticks are scheduled at start + k * interval, not "sleep interval after the last one", so the
+cadence does not drift with the time each tick takes. A tick that is late by more than an interval
+(a suspended laptop, a blocked host) skips ahead instead of bursting to catch up; skips are counted.
+
+Each source runs isolated, as node_exporter's collectors do: a failure is timed, counted per source
+and logged once per cause; the tick goes on with what the other sources gave.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpumon.clock import Clock
+from gpumon.model import GpuSample, HostSample, Tick, UtilPoint
+from gpumon.problems import Problems
+
+log = logging.getLogger("gpumon.sampler")
+
+DEFAULT_INTERVAL_S = 1.0
+"""One tick a second: NVML's slowest utilization period, and a cost of well under 0.1% of a core."""
+DEFAULT_WINDOW_S = 300.0
+"""History kept per GPU for the detector: five minutes."""
+MAX_UTIL_POINTS_PER_S = 6
+"""NVML's finest utilization period is 1/6 s."""
+
+
+class GpuSource(Protocol):
+    name: str
+
+    def poll(self, t_s: float) -> list[GpuSample]: ...
+
+
+class HostSourceLike(Protocol):
+    name: str
+
+    def poll(self, t_s: float, gpu_pids: Any = ()) -> HostSample | None: ...
+
+
+@dataclass
+class SourceStats:
+    """How one source fared: what the exporter reports as gpumon_source_* series."""
+
+    runs: int = 0
+    failures: int = 0
+    last_success: bool = True
+    last_duration_s: float = 0.0
+
+
+class GpuHistory:
+    """A bounded window of one GPU's samples and sub-second utilization points."""
+
+    def __init__(self, window_s: float, interval_s: float) -> None:
+        self.samples: deque[GpuSample] = deque(maxlen=max(2, math.ceil(window_s / interval_s) + 1))
+        self.points: deque[UtilPoint] = deque(
+            maxlen=math.ceil(window_s * MAX_UTIL_POINTS_PER_S) + MAX_UTIL_POINTS_PER_S
+        )
+
+    def add(self, sample: GpuSample) -> None:
+        self.samples.append(sample)
+        last = self.points[-1].t_s if self.points else -math.inf
+        self.points.extend(p for p in sample.util_history if p.t_s > last)
+
+    @property
+    def last_t_s(self) -> float:
+        return self.samples[-1].t_s if self.samples else -math.inf
+
+
+@dataclass
+class Sampler:
+    gpu_source: GpuSource
+    host_source: HostSourceLike | None
+    clock: Clock
+    interval_s: float = DEFAULT_INTERVAL_S
+    window_s: float = DEFAULT_WINDOW_S
+    on_tick: list[Callable[[Tick], None]] = field(default_factory=list)
+    problems: Problems = field(default_factory=lambda: Problems(log))
+    process_time: Callable[[], float] = time.process_time
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.history: dict[tuple[int, str], GpuHistory] = {}
+        self.host_history: deque[HostSample] = deque(
+            maxlen=max(2, math.ceil(self.window_s / self.interval_s) + 1)
+        )
+        self.stats: dict[str, SourceStats] = {}
+        self.ticks = 0
+        self.skipped_ticks = 0
+        self.last_tick: Tick | None = None
+        self._lock = threading.Lock()
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def _run(self, name: str, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        stats = self.stats.setdefault(name, SourceStats())
+        start = self.clock.now()
+        cpu0 = self.process_time()
+        try:
+            result = fn(*args)
+            ok = True
+        except Exception as e:  # isolation: one failing source never stops the others
+            self.problems.note(f"source {name} failed: {type(e).__name__}: {e}")
+            result, ok = None, False
+        stats.runs += 1
+        stats.last_success = ok
+        stats.failures += 0 if ok else 1
+        stats.last_duration_s = max(self.process_time() - cpu0, self.clock.now() - start)
+        if ok:
+            self.problems.clear(f"source {name} failed")
+        return ok, result
+
+    def tick(self, t_s: float | None = None) -> Tick:
+        t = self.clock.now() if t_s is None else t_s
+        errors = []
+        ok, gpus = self._run(self.gpu_source.name, self.gpu_source.poll, t)
+        if not ok:
+            errors.append(self.gpu_source.name)
+            gpus = []
+        host: HostSample | None = None
+        if self.host_source is not None:
+            pids = sorted({p.pid for g in gpus for p in g.processes})
+            ok, host = self._run(self.host_source.name, self.host_source.poll, t, pids)
+            if not ok:
+                errors.append(self.host_source.name)
+        tick = Tick(t_s=t, gpus=tuple(gpus), host=host, source_errors=tuple(errors))
+        with self._lock:
+            self._remember(tick)
+        for sink in self.on_tick:
+            sink(tick)
+        return tick
+
+    def _remember(self, tick: Tick) -> None:
+        for g in tick.gpus:
+            key = (g.index, g.uuid)
+            hist = self.history.get(key)
+            if hist is None:
+                hist = self.history[key] = GpuHistory(self.window_s, self.interval_s)
+            hist.add(g)
+        if tick.host is not None:
+            self.host_history.append(tick.host)
+        # GPUs gone for a whole window are forgotten: memory stays bounded under hot-plug churn.
+        stale = [k for k, h in self.history.items() if h.last_t_s < tick.t_s - self.window_s]
+        for key in stale:
+            del self.history[key]
+        self.ticks += 1
+        self.last_tick = tick
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, duration_s: float | None = None, stop: threading.Event | None = None,
+            exhausted: Callable[[], bool] | None = None) -> None:
+        """Tick every interval until `duration_s` has passed, `stop` is set or the source ends.
+
+        The first tick comes one interval after the start, so rates have a baseline to compare.
+        """
+        self._prime()
+        start = self.clock.now()
+        k = 1
+        while True:
+            if stop is not None and stop.is_set():
+                return
+            target = start + k * self.interval_s
+            if duration_s is not None and target - start > duration_s + 1e-9:
+                return
+            delay = target - self.clock.now()
+            if delay > 0:
+                self.clock.sleep(delay)
+            elif delay < -self.interval_s:
+                missed = math.floor(-delay / self.interval_s)
+                self.skipped_ticks += missed
+                log.warning("sampler fell %d tick(s) behind; skipping ahead", missed)
+                k += missed
+                continue
+            if stop is not None and stop.is_set():
+                return
+            self.tick()
+            if exhausted is not None and exhausted():
+                return
+            k += 1
+
+    def _prime(self) -> None:
+        """A baseline reading for sources that report rates (host CPU, disk)."""
+        if self.host_source is not None:
+            self._run(self.host_source.name, self.host_source.poll, self.clock.now(), [])

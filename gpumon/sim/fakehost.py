@@ -1,0 +1,169 @@
+"""A psutil look-alike for the simulated host, so simulated runs take the real host code path.
+
+Cumulative counters (per-core CPU times, per-process CPU seconds, disk read bytes) are integrated
+from each GPU's scenario phase: a CPU-starved job pins its main process and loader workers to whole
+cores; a storage-starved job raises iowait and disk reads; a stalled job's processes sit quiet.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+from gpumon.sim.fleet import Fleet, unit_noise
+
+scputimes = namedtuple("scputimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+pcputimes = namedtuple("pcputimes", "user system children_user children_system")
+sdiskio = namedtuple("sdiskio", "read_count write_count read_bytes write_bytes")
+pio = namedtuple("pio", "read_count write_count read_bytes write_bytes")
+
+BACKGROUND_CORE_LOAD = 0.02
+
+
+class Error(Exception):
+    pass
+
+
+class NoSuchProcess(Error):
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        super().__init__(f"process no longer exists (pid={pid})")
+
+
+class AccessDenied(Error):
+    pass
+
+
+class ZombieProcess(NoSuchProcess):
+    pass
+
+
+class FakeHost:
+    NoSuchProcess = NoSuchProcess
+    AccessDenied = AccessDenied
+    ZombieProcess = ZombieProcess
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.cores = max(8, min(128, 8 * len(fleet.gpus)))
+        self._t = fleet.sim_time()
+        self._core = [[0.0] * 4 for _ in range(self.cores)]  # user, system, idle, iowait seconds
+        self._disk_read = 0.0
+        self._proc_cpu: dict[int, float] = {}
+        self._proc_read: dict[int, float] = {}
+        self._load = 0.0
+
+    # -- integration ---------------------------------------------------------------------------
+
+    def _loads(self, t: float) -> tuple[dict[int, float], dict[int, float], float]:
+        """Per-pid cores used and read bytes/s, and the host iowait share, at fleet time t."""
+        cpu: dict[int, float] = {}
+        read: dict[int, float] = {}
+        iowait = 0.0
+        slot = int(t * 4)
+        for gpu in self.fleet.gpus:
+            ph = gpu.phase(t)
+            if not ph.has_job:
+                continue
+
+            def jitter(key: int, index: int = gpu.index) -> float:
+                return 1 + self.fleet.noise * unit_noise(self.fleet.seed, index, slot, key)
+
+            cpu[gpu.pid] = min(1.0, ph.main_cpu * jitter(0))
+            workers = gpu.worker_pids(t)
+            for n, pid in enumerate(workers):
+                cpu[pid] = min(1.0, ph.worker_cpu * jitter(n + 1))
+            readers = workers or [gpu.pid]
+            for pid in readers:
+                read[pid] = ph.read_bytes_per_s * jitter(99) / len(readers)
+            iowait += ph.iowait * jitter(98)
+        return cpu, read, min(0.9, iowait)
+
+    def _advance(self) -> None:
+        t = self.fleet.sim_time()
+        dt = t - self._t
+        if dt <= 0:
+            return
+        cpu, read, iowait = self._loads(t)
+        core_busy = [BACKGROUND_CORE_LOAD] * self.cores
+        for pid in sorted(cpu, key=lambda p: -cpu[p]):  # greedy: each process to the freest core
+            c = min(range(self.cores), key=lambda i: core_busy[i])
+            core_busy[c] = min(1.0, core_busy[c] + cpu[pid])
+        for c, busy in enumerate(core_busy):
+            io = min(1.0 - busy, iowait)
+            acc = self._core[c]
+            acc[0] += dt * busy * 0.85
+            acc[1] += dt * busy * 0.15
+            acc[2] += dt * (1.0 - busy - io)
+            acc[3] += dt * io
+        for pid, cores in cpu.items():
+            self._proc_cpu[pid] = self._proc_cpu.get(pid, 0.0) + cores * dt
+        for pid, rate in read.items():
+            self._proc_read[pid] = self._proc_read.get(pid, 0.0) + rate * dt
+        self._disk_read += (sum(read.values()) + 1e6) * dt
+        self._load = sum(core_busy) + iowait * self.cores
+        self._t = t
+
+    # -- psutil API ----------------------------------------------------------------------------
+
+    def cpu_count(self, logical: bool = True) -> int:
+        return self.cores
+
+    def cpu_times(self, percpu: bool = False) -> Any:
+        self._advance()
+        rows = [scputimes(u, 0.0, s, i, w, 0.0, 0.0, 0.0, 0.0, 0.0) for u, s, i, w in self._core]
+        if percpu:
+            return rows
+        return scputimes(*(sum(col) for col in zip(*rows)))
+
+    def disk_io_counters(self) -> Any:
+        self._advance()
+        return sdiskio(0, 0, int(self._disk_read), 0)
+
+    def getloadavg(self) -> tuple[float, float, float]:
+        self._advance()
+        return (self._load, self._load, self._load)
+
+    def Process(self, pid: int) -> FakeProcess:
+        if not self._alive(pid):
+            raise NoSuchProcess(pid)
+        return FakeProcess(self, pid)
+
+    def _alive(self, pid: int) -> bool:
+        t = self.fleet.sim_time()
+        for gpu in self.fleet.gpus:
+            if gpu.phase(t).has_job and (pid == gpu.pid or pid in gpu.worker_pids(t)):
+                return True
+        return False
+
+
+class FakeProcess:
+    def __init__(self, host: FakeHost, pid: int) -> None:
+        self._host = host
+        self.pid = pid
+
+    def _live(self) -> None:
+        if not self._host._alive(self.pid):
+            raise NoSuchProcess(self.pid)
+        self._host._advance()
+
+    def name(self) -> str:
+        self._live()
+        return "python"
+
+    def cpu_times(self) -> Any:
+        self._live()
+        s = self._host._proc_cpu.get(self.pid, 0.0)
+        return pcputimes(s * 0.8, s * 0.2, 0.0, 0.0)
+
+    def io_counters(self) -> Any:
+        self._live()
+        return pio(0, 0, int(self._host._proc_read.get(self.pid, 0.0)), 0)
+
+    def children(self, recursive: bool = False) -> list[FakeProcess]:
+        self._live()
+        t = self._host.fleet.sim_time()
+        for gpu in self._host.fleet.gpus:
+            if gpu.pid == self.pid:
+                return [FakeProcess(self._host, p) for p in gpu.worker_pids(t)]
+        return []

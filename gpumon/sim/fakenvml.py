@@ -1,0 +1,155 @@
+"""A pynvml look-alike over a simulated fleet, so simulated GPUs take the real NVML code path.
+
+Only what `gpumon.sources.nvml` calls is here, with pynvml's names, return shapes, units (mW,
+KB/s, percent, µs timestamps) and error codes. Faults can be injected for tests: a GPU lost for a
+while, functions that report NOT_SUPPORTED, a driver that is not there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from gpumon.sim.fleet import BOOT_S, Fleet, SimGpu
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+NVML_GPU_UTILIZATION_SAMPLES = 1
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+
+_MESSAGES = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 6: "Not Found",
+    9: "Driver Not Loaded", 12: "NVML Shared Library Not Found", 15: "GPU is lost",
+    999: "Unknown Error",
+}
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        self.value = value
+        super().__init__(_MESSAGES.get(value, f"NVML error {value}"))
+
+
+@dataclass
+class Faults:
+    no_driver: bool = False
+    lost: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """GPU index -> (from, until) in fleet seconds during which it reports GPU_IS_LOST."""
+    unsupported: set[str] = field(default_factory=set)
+    """pynvml function names that answer NOT_SUPPORTED."""
+
+
+class FakeNvml:
+    NVMLError = NVMLError
+
+    def __init__(self, fleet: Fleet, faults: Faults | None = None) -> None:
+        self.fleet = fleet
+        self.faults = faults or Faults()
+        self.calls: dict[str, int] = {}
+        self._initialised = False
+
+    def _check(self, fn: str, gpu: SimGpu | None = None) -> float:
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        if not self._initialised and fn != "nvmlInit":
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        t = self.fleet.sim_time()
+        if gpu is not None:
+            window = self.faults.lost.get(gpu.index)
+            if window and window[0] <= t < window[1]:
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if fn in self.faults.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return t
+
+    # -- pynvml API ----------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._check("nvmlInit")
+        if self.faults.no_driver:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+        self._initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self._check("nvmlShutdown")
+        self._initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
+        return len(self.fleet.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimGpu:
+        self._check("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.fleet.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.fleet.gpus[index]
+        self._check("nvmlDeviceGetHandleByIndex", gpu)
+        return gpu
+
+    def nvmlDeviceGetUUID(self, h: SimGpu) -> str:
+        self._check("nvmlDeviceGetUUID", h)
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h: SimGpu) -> str:
+        self._check("nvmlDeviceGetName", h)
+        return h.model.name
+
+    def nvmlDeviceGetUtilizationRates(self, h: SimGpu) -> Any:
+        t = self._check("nvmlDeviceGetUtilizationRates", h)
+        gpu = h.utilization_now(t)
+        return SimpleNamespace(gpu=gpu, memory=round(gpu * 0.4))
+
+    def nvmlDeviceGetMemoryInfo(self, h: SimGpu) -> Any:
+        t = self._check("nvmlDeviceGetMemoryInfo", h)
+        used = h.mem_used_bytes(t)
+        total = h.model.mem_total_bytes
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetPowerUsage(self, h: SimGpu) -> int:
+        t = self._check("nvmlDeviceGetPowerUsage", h)
+        return int(h.power_w(t) * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: SimGpu) -> int:
+        self._check("nvmlDeviceGetEnforcedPowerLimit", h)
+        return int(h.model.power_limit_w * 1000)
+
+    def nvmlDeviceGetTemperature(self, h: SimGpu, sensor: int) -> int:
+        t = self._check("nvmlDeviceGetTemperature", h)
+        return int(32 + 40 * h.utilization_now(t) / 100)
+
+    def nvmlDeviceGetPcieThroughput(self, h: SimGpu, counter: int) -> int:
+        t = self._check("nvmlDeviceGetPcieThroughput", h)
+        ph = h.phase(t)
+        kb_s = h.utilization_now(t) / 100 * 2_000_000 if ph.has_job else 0
+        return int(kb_s if counter == 1 else kb_s / 8)  # rx (host to GPU) carries the batches
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimGpu) -> list[Any]:
+        t = self._check("nvmlDeviceGetComputeRunningProcesses", h)
+        if not h.phase(t).has_job:
+            return []
+        reserved = 512 * 1024 * 1024
+        return [SimpleNamespace(pid=h.pid, usedGpuMemory=max(0, h.mem_used_bytes(t) - reserved),
+                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)]
+
+    def nvmlDeviceGetSamples(self, h: SimGpu, sampling_type: int, last_seen_us: int) -> Any:
+        t = self._check("nvmlDeviceGetSamples", h)
+        if sampling_type != NVML_GPU_UTILIZATION_SAMPLES:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        samples = h.samples_since(last_seen_us, t)
+        if not samples:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return NVML_VALUE_TYPE_UNSIGNED_INT, [
+            SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v)) for ts, v in samples
+        ]
+
+
+def sim_timestamp_us(t_s: float) -> int:
+    """The simulated driver clock (µs since a made-up boot) for fleet second t_s."""
+    return round((BOOT_S + t_s) * 1e6)

@@ -1,0 +1,138 @@
+"""Named workload scenarios for simulated GPUs.
+
+A scenario is a list of phases; each phase says how the job on one GPU behaves: how long a
+training step computes (GPU busy) and waits (GPU idle), how regular that is, what the power draw
+is, and what the host sees of it (CPU of the job and its loader workers, iowait, disk reads).
+The simulator (`gpumon.sim.fleet`) turns phases into kernel timelines and NVML-like readings.
+These definitions are the single place where a workload pattern is defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpumon.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    has_job: bool = True
+    """A process holds the GPU (memory, a process-list entry)."""
+    stepped: bool = True
+    """Discrete steps (busy then idle); False: a smooth duty cycle with no visible gaps."""
+    compute_s: float = 0.09
+    """Mean GPU-busy time per step."""
+    wait_s: float = 0.004
+    """Mean GPU-idle time per step (waiting for input)."""
+    jitter: float = 0.1
+    """Relative spread of step and wait times."""
+    long_gap_p: float = 0.0
+    """Chance that a wait is a long, irregular gap (storage stalls)."""
+    long_gap_s: tuple[float, float] = (0.4, 1.2)
+    duty: float = 0.0
+    """For smooth phases: the share of time a kernel runs."""
+    power_idle_ratio: float = 0.1
+    power_busy_ratio: float = 0.85
+    """Power draw as a share of the limit, at utilization 0 and 1."""
+    mem_used_ratio: float = 0.6
+    main_cpu: float = 0.6
+    """Cores used by the training process itself."""
+    workers: int = 4
+    worker_cpu: float = 0.3
+    """Cores used by each data-loader worker process."""
+    iowait: float = 0.01
+    """This job's contribution to host iowait (share of all CPU time)."""
+    read_bytes_per_s: float = 20e6
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    phases: tuple[tuple[float, Phase], ...]
+    """(start second, phase), sorted; the first starts at 0."""
+    truth: tuple[tuple[float, str], ...] = field(default=())
+    """(start second, expected detector state), for benchmarks and tests."""
+
+    def phase_at(self, t_s: float) -> Phase:
+        current = self.phases[0][1]
+        for start, phase in self.phases:
+            if start <= t_s:
+                current = phase
+            else:
+                break
+        return current
+
+    def then(self, other: Scenario, at_s: float) -> Scenario:
+        """This scenario until `at_s`, then `other`'s first phase."""
+        return Scenario(
+            name=f"{self.name}-then-{other.name}",
+            summary=f"{self.name} for {at_s:g} s, then {other.name}",
+            phases=(*self.phases, (at_s, other.phases[0][1])),
+            truth=(*self.truth, (at_s, other.truth[0][1])),
+        )
+
+
+HEALTHY = Phase()
+STARVED_CPU = Phase(
+    compute_s=0.06, wait_s=0.19, jitter=0.12, main_cpu=0.98, workers=2, worker_cpu=0.99,
+    read_bytes_per_s=5e6,
+)
+STARVED_IO = Phase(
+    compute_s=0.06, wait_s=0.08, jitter=0.4, long_gap_p=0.3, main_cpu=0.15, workers=4,
+    worker_cpu=0.06, iowait=0.3, read_bytes_per_s=420e6,
+)
+IDLE = Phase(has_job=False, stepped=False, duty=0.0, power_idle_ratio=0.08, mem_used_ratio=0.006,
+             main_cpu=0.0, workers=0, worker_cpu=0.0, iowait=0.0, read_bytes_per_s=0.0)
+STALLED = Phase(stepped=False, duty=0.0, power_idle_ratio=0.12, main_cpu=0.01, worker_cpu=0.0,
+                iowait=0.0, read_bytes_per_s=0.0)
+SYNC_STALL = Phase(stepped=False, duty=1.0, power_idle_ratio=0.14, power_busy_ratio=0.16,
+                   main_cpu=0.35, worker_cpu=0.02, iowait=0.0, read_bytes_per_s=0.0)
+UNDERUTILIZED = Phase(stepped=False, duty=0.35, power_busy_ratio=0.6, main_cpu=0.5, workers=2,
+                      worker_cpu=0.15, read_bytes_per_s=2e6)
+
+SWITCH_S = 30.0
+"""When `healthy-then-starved` turns starved, in seconds from the start of the run."""
+
+
+def _one(name: str, summary: str, phase: Phase, state: str) -> Scenario:
+    return Scenario(name, summary, ((0.0, phase),), ((0.0, state),))
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        _one("healthy", "fed training: ~96% busy in 90 ms steps, short regular input waits",
+             HEALTHY, "healthy"),
+        _one("starved-cpu", "CPU-bound input pipeline: 60 ms bursts, 190 ms gaps, feeders pinned",
+             STARVED_CPU, "starved-cpu"),
+        _one("starved-io", "storage-bound input: bursts between irregular gaps, iowait and disk reads",
+             STARVED_IO, "starved-io"),
+        _one("idle", "no job on the GPU: nothing runs, idle power, no processes", IDLE, "idle"),
+        _one("stalled", "a job holds GPU memory but nothing runs and its CPU is quiet (hang)",
+             STALLED, "stalled"),
+        _one("sync-stall", "ranks spinning in a collective: ~100% utilization at idle-level power",
+             SYNC_STALL, "sync-stall"),
+        _one("underutilized", "steady, gap-free ~35% use: batch or model too small for the GPU",
+             UNDERUTILIZED, "underutilized"),
+    )
+}
+SCENARIOS["healthy-then-starved"] = replace(
+    SCENARIOS["healthy"].then(SCENARIOS["starved-cpu"], SWITCH_S),
+    name="healthy-then-starved",
+    summary=f"healthy for {SWITCH_S:g} s, then CPU-starved (a transition mid-run)",
+)
+
+
+def parse_scenarios(text: str) -> list[Scenario]:
+    """`"starved-cpu,healthy"` -> scenarios; a usage error names the unknown one."""
+    names = [n.strip() for n in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise UsageError(f"--simulate: empty scenario name in {text!r}; see 'gpumon scenarios'")
+    out = []
+    for n in names:
+        if n not in SCENARIOS:
+            known = ", ".join(SCENARIOS)
+            raise UsageError(f"--simulate: unknown scenario {n!r}; known: {known}")
+        out.append(SCENARIOS[n])
+    return out

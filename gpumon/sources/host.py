@@ -1,0 +1,203 @@
+"""Host CPU, iowait, disk reads, and the CPU of each GPU process tree, through `psutil`.
+
+The psutil-like object is injected (the real `psutil`, or the simulator's `gpumon.sim.fakehost`).
+Reading (cumulative counters) is split from computing rates (`cpu_ratios`, `rate`), which are
+pure and what the tests hit. Rates need two readings: the first `poll` only takes a baseline and
+returns None.
+
+Known limits, said plainly: descendants that exit between two ticks take their CPU time with them
+(it is not counted); GPU processes in another PID namespace (containers) cannot be looked up and
+are left out; Linux iowait is unreliable on many cores (proc(5)), so disk read bytes come along.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from gpumon.model import HostSample, ProcessCpu
+from gpumon.problems import Problems
+
+log = logging.getLogger("gpumon.host")
+
+
+def load_psutil() -> ModuleType:
+    import psutil
+
+    return psutil
+
+
+@dataclass(frozen=True, slots=True)
+class CpuRatios:
+    cpu_ratio: float
+    busiest_core_ratio: float
+    iowait_ratio: float | None
+
+
+def _busy_idle(t: Any) -> tuple[float, float, float]:
+    """(busy, total, iowait) seconds of one cpu_times reading. Guest time is inside user time."""
+    idle = t.idle
+    iowait = getattr(t, "iowait", None)
+    total = sum(getattr(t, f) for f in t._fields if f not in ("guest", "guest_nice"))
+    waiting = idle + (iowait or 0.0)
+    return total - waiting, total, (iowait if iowait is not None else float("nan"))
+
+
+def cpu_ratios(prev: Sequence[Any], cur: Sequence[Any]) -> CpuRatios:
+    """Ratios over the interval between two per-core `cpu_times(percpu=True)` readings."""
+    busy_sum = total_sum = iowait_sum = 0.0
+    busiest = 0.0
+    has_iowait = True
+    for a, b in zip(prev, cur):
+        busy_a, total_a, io_a = _busy_idle(a)
+        busy_b, total_b, io_b = _busy_idle(b)
+        d_total = total_b - total_a
+        d_busy = max(0.0, busy_b - busy_a)
+        if d_total <= 0:
+            continue
+        busiest = max(busiest, min(1.0, d_busy / d_total))
+        busy_sum += d_busy
+        total_sum += d_total
+        if io_a != io_a or io_b != io_b:  # NaN: this OS has no iowait
+            has_iowait = False
+        else:
+            iowait_sum += max(0.0, io_b - io_a)
+    if total_sum <= 0:
+        return CpuRatios(0.0, 0.0, 0.0 if has_iowait else None)
+    return CpuRatios(
+        cpu_ratio=min(1.0, busy_sum / total_sum),
+        busiest_core_ratio=busiest,
+        iowait_ratio=min(1.0, iowait_sum / total_sum) if has_iowait else None,
+    )
+
+
+def rate(prev: float | None, cur: float | None, dt_s: float) -> float | None:
+    """Per-second rate of a cumulative counter; None when unknown; 0 after a counter reset."""
+    if prev is None or cur is None or dt_s <= 0:
+        return None
+    return max(0.0, cur - prev) / dt_s
+
+
+@dataclass
+class _Tree:
+    proc: Any
+    name: str
+    cpu_s: float
+    children_cpu_s: dict[int, float] = field(default_factory=dict)
+    read_bytes: int | None = None
+
+
+def _cpu_s(proc: Any) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+class HostSource:
+    name = "host"
+
+    def __init__(self, psutil: ModuleType | Any, problems: Problems | None = None) -> None:
+        self._ps = psutil
+        self._problems = problems or Problems(log)
+        self._cpu_count = int(psutil.cpu_count() or 1)
+        self._prev_t: float | None = None
+        self._prev_cpu: list[Any] | None = None
+        self._prev_disk: int | None = None
+        self._trees: dict[int, _Tree] = {}
+        self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
+
+    def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
+        cur_cpu = list(self._ps.cpu_times(percpu=True))
+        disk = self._read_disk()
+        procs = self._processes(sorted(set(gpu_pids)), t_s)
+        prev_t, prev_cpu, prev_disk = self._prev_t, self._prev_cpu, self._prev_disk
+        self._prev_t, self._prev_cpu, self._prev_disk = t_s, cur_cpu, disk
+        if prev_t is None or prev_cpu is None:
+            return None  # baseline only: rates need two readings
+        dt = t_s - prev_t
+        ratios = cpu_ratios(prev_cpu, cur_cpu)
+        return HostSample(
+            t_s=t_s,
+            cpu_count=self._cpu_count,
+            cpu_ratio=round(ratios.cpu_ratio, 4),
+            busiest_core_ratio=round(ratios.busiest_core_ratio, 4),
+            iowait_ratio=round(ratios.iowait_ratio, 4) if ratios.iowait_ratio is not None else None,
+            load1=round(float(self._ps.getloadavg()[0]), 2),
+            disk_read_bytes_per_s=_round(rate(prev_disk, disk, dt)),
+            processes=procs,
+        )
+
+    def _read_disk(self) -> int | None:
+        try:
+            io = self._ps.disk_io_counters()
+        except Exception as e:  # containers without /proc/diskstats
+            self._problems.note(f"host disk counters: {e}")
+            return None
+        return None if io is None else int(io.read_bytes)
+
+    def _processes(self, pids: list[int], t_s: float) -> tuple[ProcessCpu, ...]:
+        dt = t_s - self._prev_t if self._prev_t is not None else 0.0
+        out = []
+        for pid in pids:
+            try:
+                out_one = self._process(pid, dt)
+            except self._gone:
+                self._trees.pop(pid, None)
+                continue
+            if out_one is not None:
+                out.append(out_one)
+        for pid in set(self._trees) - set(pids):  # no longer on any GPU
+            del self._trees[pid]
+        return tuple(out)
+
+    def _process(self, pid: int, dt: float) -> ProcessCpu | None:
+        tree = self._trees.get(pid)
+        if tree is None:
+            proc = self._ps.Process(pid)
+            tree = _Tree(proc=proc, name=proc.name(), cpu_s=_cpu_s(proc))
+            tree.children_cpu_s, tree.read_bytes = self._snapshot(proc)
+            self._trees[pid] = tree
+            return None  # baseline
+        cpu_s = _cpu_s(tree.proc)
+        children, read_bytes = self._snapshot(tree.proc)
+        # A child first seen now was born during the tick: its whole time counts.
+        deltas = [max(0.0, c - tree.children_cpu_s.get(cpid, 0.0)) for cpid, c in children.items()]
+        main = max(0.0, cpu_s - tree.cpu_s)
+        read_rate = rate(tree.read_bytes, read_bytes, dt)
+        tree.cpu_s, tree.children_cpu_s, tree.read_bytes = cpu_s, children, read_bytes
+        if dt <= 0:
+            return None
+        return ProcessCpu(
+            pid=pid,
+            name=tree.name,
+            cpu_ratio=round(main / dt, 4),
+            children_cpu_ratio=round(sum(deltas) / dt, 4),
+            busiest_child_cpu_ratio=round(max(deltas, default=0.0) / dt, 4),
+            children=len(children),
+            read_bytes_per_s=_round(read_rate),
+        )
+
+    def _snapshot(self, proc: Any) -> tuple[dict[int, float], int | None]:
+        """CPU seconds of each descendant, and read bytes of the whole tree (None if hidden)."""
+        cpu: dict[int, float] = {}
+        read_bytes: int | None = self._io_read(proc)
+        for child in proc.children(recursive=True):
+            try:
+                cpu[int(child.pid)] = _cpu_s(child)
+                child_read = self._io_read(child) if read_bytes is not None else None
+            except self._gone:
+                continue
+            read_bytes = None if child_read is None else read_bytes + child_read  # type: ignore[operator]
+        return cpu, read_bytes
+
+    def _io_read(self, proc: Any) -> int | None:
+        try:
+            return int(proc.io_counters().read_bytes)
+        except (AttributeError, self._ps.AccessDenied):  # hidden: not ours, or not on this OS
+            return None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

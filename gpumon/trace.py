@@ -1,0 +1,370 @@
+"""Trace files: what `gpumon record` writes and `analyze` / `--replay` read.
+
+Format (docs/trace-format.md): JSON Lines, UTF-8. Line 1 is a header, then one `tick` record per
+sampler tick, then an `end` record when the recording stopped cleanly. Each line is written and
+flushed as a whole, so a process killed with SIGKILL leaves every earlier line intact and at most a
+partial last line, which readers drop with a warning. fsync runs every few seconds and at close,
+so even a power loss costs at most that much.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from gpumon.errors import OutputError, TraceError
+from gpumon.model import GpuProcess, GpuSample, HostSample, ProcessCpu, Tick, UtilPoint
+
+FORMAT = "gpumon-trace"
+VERSION = 1
+FSYNC_EVERY_S = 5.0
+
+_GPU_FLOATS = ("util_ratio", "mem_util_ratio", "power_w", "power_limit_w", "temp_c",
+               "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s")
+_GPU_INTS = ("mem_used_bytes", "mem_total_bytes")
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def gpu_to_dict(g: GpuSample) -> dict[str, Any]:
+    d: dict[str, Any] = {"index": g.index, "uuid": g.uuid, "name": g.name, "available": g.available}
+    for f in _GPU_FLOATS:
+        d[f] = _r(getattr(g, f))
+    for f in _GPU_INTS:
+        d[f] = getattr(g, f)
+    d["processes"] = [{"pid": p.pid, "gpu_mem_bytes": p.gpu_mem_bytes} for p in g.processes]
+    d["util_history"] = [[round(p.t_s, 6), round(p.util_ratio, 4)] for p in g.util_history]
+    if g.error is not None:
+        d["error"] = g.error
+    return d
+
+
+def host_to_dict(h: HostSample) -> dict[str, Any]:
+    return {
+        "cpu_count": h.cpu_count,
+        "cpu_ratio": h.cpu_ratio,
+        "busiest_core_ratio": h.busiest_core_ratio,
+        "iowait_ratio": h.iowait_ratio,
+        "load1": h.load1,
+        "disk_read_bytes_per_s": h.disk_read_bytes_per_s,
+        "processes": [
+            {"pid": p.pid, "name": p.name, "cpu_ratio": p.cpu_ratio,
+             "children_cpu_ratio": p.children_cpu_ratio,
+             "busiest_child_cpu_ratio": p.busiest_child_cpu_ratio, "children": p.children,
+             "read_bytes_per_s": p.read_bytes_per_s}
+            for p in h.processes
+        ],
+    }
+
+
+def tick_to_dict(t: Tick) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "type": "tick",
+        "t_s": round(t.t_s, 6),
+        "gpus": [gpu_to_dict(g) for g in t.gpus],
+        "host": host_to_dict(t.host) if t.host is not None else None,
+    }
+    if t.source_errors:
+        d["source_errors"] = list(t.source_errors)
+    return d
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def make_header(source: dict[str, Any], interval_s: float) -> dict[str, Any]:
+    from gpumon import __version__
+
+    return {
+        "type": "header",
+        "format": FORMAT,
+        "version": VERSION,
+        "gpumon_version": __version__,
+        "started_unix_s": round(time.time(), 3),
+        "hostname": socket.gethostname(),
+        "interval_s": interval_s,
+        "source": source,
+    }
+
+
+class TraceWriter:
+    """Appends whole lines; never leaves a half-written line except when killed mid-write."""
+
+    def __init__(self, path: str, header: dict[str, Any], *, force: bool = False,
+                 fsync_every_s: float = FSYNC_EVERY_S) -> None:
+        self.path = path
+        self.ticks = 0
+        self._fsync_every_s = fsync_every_s
+        self._last_fsync = time.monotonic()
+        try:
+            self._f: TextIO = open(path, "w" if force else "x", encoding="utf-8")
+        except FileExistsError:
+            raise OutputError(
+                f"{path}: already exists; choose another -o or pass --force to overwrite it"
+            ) from None
+        except OSError as e:
+            raise OutputError(f"{path}: cannot create: {e.strerror}") from None
+        self._write(header)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+        try:
+            self._f.write(line)
+            self._f.flush()
+            now = time.monotonic()
+            if now - self._last_fsync >= self._fsync_every_s:
+                os.fsync(self._f.fileno())
+                self._last_fsync = now
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot write: {e.strerror}; "
+                              f"the {self.ticks} ticks before are kept") from None
+
+    def write_tick(self, tick: Tick) -> None:
+        self._write(tick_to_dict(tick))
+        self.ticks += 1
+
+    def close(self, t_s: float | None, reason: str) -> None:
+        if self._f.closed:
+            return
+        try:
+            self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
+            os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    path: str
+    header: dict[str, Any]
+    ticks: list[Tick]
+    end: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_count(self) -> int:
+        return max((len(t.gpus) for t in self.ticks), default=0)
+
+    @property
+    def duration_s(self) -> float:
+        return self.ticks[-1].t_s - self.ticks[0].t_s if len(self.ticks) > 1 else 0.0
+
+
+class _Bad(Exception):
+    """A field-level problem; the reader adds the file and line."""
+
+
+def _num(d: dict[str, Any], key: str, *, optional: bool = True, integer: bool = False) -> Any:
+    value = d.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise _Bad(f"missing field {key!r}")
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or (isinstance(value, float) and not math.isfinite(value)):
+        raise _Bad(f"field {key!r} must be a {'whole number' if integer else 'number'}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _str(d: dict[str, Any], key: str, default: str = "") -> str:
+    value = d.get(key, default)
+    if not isinstance(value, str):
+        raise _Bad(f"field {key!r} must be a string, got {value!r}")
+    return value
+
+
+def _list(d: dict[str, Any], key: str) -> list[Any]:
+    value = d.get(key) or []
+    if not isinstance(value, list):
+        raise _Bad(f"field {key!r} must be a list")
+    return value
+
+
+def _gpu(d: Any, t_s: float) -> GpuSample:
+    if not isinstance(d, dict):
+        raise _Bad("each entry of 'gpus' must be an object")
+    history = []
+    for p in _list(d, "util_history"):
+        if (not isinstance(p, list) or len(p) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
+            raise _Bad(f"util_history entries must be [t_s, util_ratio], got {p!r}")
+        history.append(UtilPoint(float(p[0]), float(p[1])))
+    procs = []
+    for p in _list(d, "processes"):
+        if not isinstance(p, dict):
+            raise _Bad("each process must be an object")
+        procs.append(GpuProcess(_num(p, "pid", optional=False, integer=True),
+                                _num(p, "gpu_mem_bytes", integer=True)))
+    available = d.get("available", True)
+    if not isinstance(available, bool):
+        raise _Bad(f"field 'available' must be true or false, got {available!r}")
+    kwargs: dict[str, Any] = {f: _num(d, f) for f in _GPU_FLOATS}
+    kwargs.update({f: _num(d, f, integer=True) for f in _GPU_INTS})
+    error = d.get("error")
+    return GpuSample(
+        t_s=t_s,
+        index=_num(d, "index", optional=False, integer=True),
+        uuid=_str(d, "uuid"),
+        name=_str(d, "name"),
+        available=available,
+        processes=tuple(procs),
+        util_history=tuple(history),
+        error=error if isinstance(error, str) else None,
+        **kwargs,
+    )
+
+
+def _host(d: Any, t_s: float) -> HostSample | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise _Bad("'host' must be an object or null")
+    procs = []
+    for p in _list(d, "processes"):
+        if not isinstance(p, dict):
+            raise _Bad("each host process must be an object")
+        procs.append(ProcessCpu(
+            pid=_num(p, "pid", optional=False, integer=True),
+            name=_str(p, "name"),
+            cpu_ratio=_num(p, "cpu_ratio") or 0.0,
+            children_cpu_ratio=_num(p, "children_cpu_ratio") or 0.0,
+            busiest_child_cpu_ratio=_num(p, "busiest_child_cpu_ratio") or 0.0,
+            children=_num(p, "children", integer=True) or 0,
+            read_bytes_per_s=_num(p, "read_bytes_per_s"),
+        ))
+    return HostSample(
+        t_s=t_s,
+        cpu_count=_num(d, "cpu_count", integer=True) or 1,
+        cpu_ratio=_num(d, "cpu_ratio", optional=False),
+        busiest_core_ratio=_num(d, "busiest_core_ratio") or 0.0,
+        iowait_ratio=_num(d, "iowait_ratio"),
+        load1=_num(d, "load1") or 0.0,
+        disk_read_bytes_per_s=_num(d, "disk_read_bytes_per_s"),
+        processes=tuple(procs),
+    )
+
+
+def tick_from_dict(d: dict[str, Any]) -> Tick:
+    t_s = _num(d, "t_s", optional=False)
+    gpus = d.get("gpus")
+    if not isinstance(gpus, list):
+        raise _Bad("missing or invalid field 'gpus' (a list)")
+    errors = d.get("source_errors") or []
+    return Tick(t_s=t_s, gpus=tuple(_gpu(g, t_s) for g in gpus), host=_host(d.get("host"), t_s),
+                source_errors=tuple(str(e) for e in errors) if isinstance(errors, list) else ())
+
+
+def iter_trace(path: str, warnings: list[str] | None = None) -> Iterator[dict[str, Any] | Tick]:
+    """Yield the header dict, then Ticks, then the end dict if present.
+
+    Rules (documented in docs/trace-format.md): a partial last line (a killed recorder) is dropped
+    with a warning; a tick whose t_s equals the previous one is dropped with a warning; a tick that
+    goes back in time, a line that is not JSON elsewhere, or a malformed record is an error naming
+    the line. Unknown record types and unknown fields are ignored (forward compatibility).
+    """
+    reader = _Reader(path, warnings if warnings is not None else [])
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise TraceError(path, None, f"cannot open: {e.strerror}") from None
+    with f:
+        lineno = 0
+        for raw in f:
+            lineno += 1
+            if raw.endswith(b"\n"):
+                yield from reader.parse(lineno, raw)
+                continue
+            # Only the last line can lack its newline: a recorder killed mid-write.
+            try:
+                yield from reader.parse(lineno, raw)
+            except TraceError:
+                if lineno == 1:
+                    raise
+                reader.warnings.append(
+                    f"{path}:{lineno}: partial last line dropped (recorder was killed?)")
+        if lineno == 0:
+            raise TraceError(path, None, "empty file: not a gpumon trace")
+
+
+class _Reader:
+    def __init__(self, path: str, warnings: list[str]) -> None:
+        self.path = path
+        self.warnings = warnings
+        self.last_t: float | None = None
+
+    def parse(self, lineno: int, raw: bytes) -> Iterator[dict[str, Any] | Tick]:
+        path = self.path
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError:
+            raise TraceError(path, lineno, "not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise TraceError(path, lineno, "each line must be a JSON object")
+        kind = record.get("type")
+        if lineno == 1:
+            yield self._header(lineno, record)
+        elif kind == "tick":
+            try:
+                tick = tick_from_dict(record)
+            except _Bad as e:
+                raise TraceError(path, lineno, str(e)) from None
+            if self.last_t is not None and tick.t_s < self.last_t:
+                raise TraceError(path, lineno, f"t_s {tick.t_s:g} goes back in time "
+                                               f"(previous tick was at {self.last_t:g})")
+            if self.last_t is not None and tick.t_s == self.last_t:
+                self.warnings.append(f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
+                return
+            self.last_t = tick.t_s
+            yield tick
+        elif kind == "end":
+            yield record
+        elif kind == "header":
+            raise TraceError(path, lineno, "a second header: two traces concatenated?")
+        # unknown record types: ignored, for forward compatibility
+
+    def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("type") != "header" or record.get("format") != FORMAT:
+            raise TraceError(self.path, lineno,
+                             f"not a gpumon trace (line 1 must be a {FORMAT} header)")
+        version = record.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise TraceError(self.path, lineno, f"invalid trace version {version!r}")
+        if version > VERSION:
+            raise TraceError(self.path, lineno, f"trace version {version} is newer than this "
+                                                f"gpumon reads ({VERSION}); upgrade gpumon")
+        return record
+
+
+def read_trace(path: str) -> Trace:
+    warnings: list[str] = []
+    header: dict[str, Any] | None = None
+    ticks: list[Tick] = []
+    end = None
+    for item in iter_trace(path, warnings):
+        if isinstance(item, Tick):
+            ticks.append(item)
+        elif item.get("type") == "header":
+            header = item
+        else:
+            end = item
+    assert header is not None
+    if end is None:
+        warnings.append(f"{path}: no end record: the recording did not stop cleanly "
+                        f"({len(ticks)} ticks kept)")
+    return Trace(path=path, header=header, ticks=ticks, end=end, warnings=warnings)
