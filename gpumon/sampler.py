@@ -175,7 +175,8 @@ class Sampler:
             if delay > 0:
                 self.clock.sleep(delay)
             elif delay < -self.interval_s:
-                missed = math.floor(-delay / self.interval_s)
+                # resume on the next grid point still ahead, rather than tick late and then early
+                missed = math.ceil(-delay / self.interval_s)
                 self.skipped_ticks += missed
                 log.warning("sampler fell %d tick(s) behind; skipping ahead", missed)
                 k += missed

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gpumon(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real command line in a child process, as a user would."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT))
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gpumon", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+def nvidia_driver_present() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def run_gpumon():
+    return gpumon

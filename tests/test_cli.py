@@ -1,0 +1,201 @@
+"""The command line as a user meets it: output, exit codes, one-line errors, no tracebacks, and
+nothing recorded is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumon import __version__
+from gpumon.trace import read_trace
+
+from .conftest import ROOT, gpumon, nvidia_driver_present
+
+
+def one_line_error(p: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+def test_version() -> None:
+    p = gpumon("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"gpumon {__version__}"
+
+
+def test_scenarios_lists_each_with_one_line() -> None:
+    p = gpumon("scenarios")
+    names = [ln.split()[0] for ln in p.stdout.splitlines()]
+    for required in ["healthy", "starved-cpu", "starved-io", "idle", "stalled", "sync-stall",
+                     "underutilized", "healthy-then-starved"]:
+        assert required in names
+    assert all(len(ln.split(maxsplit=1)) == 2 for ln in p.stdout.splitlines())
+
+
+def test_devices_json_lists_the_simulated_gpus() -> None:
+    p = gpumon("devices", "--simulate", "healthy", "--gpus", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [g["index"] for g in doc["gpus"]] == [0, 1, 2, 3]
+    assert len({g["uuid"] for g in doc["gpus"]}) == 4
+    assert all(g["mem_used_bytes"] < g["mem_total_bytes"] and 0 <= g["util_ratio"] <= 1
+               for g in doc["gpus"])
+    assert doc["source"]["kind"] == "simulated"
+
+
+def test_devices_table_says_it_is_simulated() -> None:
+    p = gpumon("devices", "--simulate", "starved-cpu,idle")
+    assert p.returncode == 0
+    rows = [ln for ln in p.stdout.splitlines() if ln.strip()[:1].isdigit()]
+    assert len(rows) == 2 and all("GPU-" in r and "GiB" in r and "%" in r for r in rows)
+    assert "simulated" in p.stdout
+
+
+@pytest.mark.skipif(nvidia_driver_present(), reason="this machine has an NVIDIA driver")
+def test_devices_without_a_driver_fails_cleanly() -> None:
+    p = gpumon("devices")
+    assert p.returncode == 3
+    line = one_line_error(p)
+    assert "libnvidia-ml.so.1" in line and "--simulate" in line
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["devices", "--simulate", "healthy", "--gpus", "0"], "--gpus"),
+        (["devices", "--simulate", "healthy", "--gpus", "two"], "--gpus"),
+        (["devices", "--simulate", "nope"], "unknown scenario 'nope'"),
+        (["devices", "--gpus", "2"], "--gpus needs --simulate"),
+        (["devices", "--simulate", "healthy,idle", "--gpus", "1"], "fewer than the 2 scenarios"),
+        (["record", "--simulate", "healthy", "-o", "x", "--sample-period", "2"], "--sample-period"),
+        (["record", "--simulate", "healthy", "-o", "x", "--duration", "-1"], "--duration"),
+        (["record", "--simulate", "healthy", "-o", "x", "--interval", "0"], "--interval"),
+        (["record", "-o", "x", "--speed", "10"], "--speed needs --simulate or --replay"),
+        (["record", "--simulate", "healthy", "--replay", "t"], "not allowed with"),
+        (["record", "--simulate", "healthy"], "-o/--output"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = gpumon(*args, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert needle in one_line_error(p)
+    assert not (tmp_path / "x").exists(), "a refused command writes nothing"
+
+
+def test_record_writes_a_trace_that_replays(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    p = gpumon("record", "--simulate", "starved-cpu", "--gpus", "2", "--duration", "4",
+               "--speed", "max", "-o", str(t))
+    assert p.returncode == 0, p.stderr
+    trace = read_trace(str(t))
+    assert len(trace.ticks) == 4 and trace.gpu_count == 2 and trace.end["reason"] == "duration"
+    assert trace.header["source"]["scenarios"] == ["starved-cpu", "starved-cpu"]
+    again = tmp_path / "again"
+    p = gpumon("record", "--replay", str(t), "--speed", "max", "-o", str(again))
+    assert p.returncode == 0, p.stderr
+    replayed = read_trace(str(again))
+    assert [[g.util_ratio for g in x.gpus] for x in replayed.ticks] == \
+           [[g.util_ratio for g in x.gpus] for x in trace.ticks]
+    assert replayed.end["reason"] == "replay-ended"
+    p = gpumon("devices", "--replay", str(t), "--json")
+    assert len(json.loads(p.stdout)["gpus"]) == 2
+
+
+def test_record_in_real_time_takes_its_duration(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    start = time.monotonic()
+    p = gpumon("record", "--simulate", "healthy", "--duration", "2", "-o", str(t))
+    assert p.returncode == 0 and 1.9 <= time.monotonic() - start < 20
+    assert len(read_trace(str(t)).ticks) == 2
+
+
+def test_record_never_overwrites_a_recording(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    t.write_text("yesterday's recording\n")
+    p = gpumon("record", "--simulate", "healthy", "--duration", "1", "-o", str(t))
+    assert p.returncode == 5
+    assert "already exists" in one_line_error(p) and "--force" in p.stderr
+    assert t.read_text() == "yesterday's recording\n"
+
+
+def test_record_into_a_missing_directory_names_the_file(tmp_path: Path) -> None:
+    t = tmp_path / "no" / "such" / "dir" / "t"
+    p = gpumon("record", "--simulate", "healthy", "--duration", "1", "-o", str(t))
+    assert p.returncode == 5 and str(t) in one_line_error(p)
+
+
+def test_corrupt_trace_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    gpumon("record", "--simulate", "healthy", "--duration", "5", "--speed", "max", "-o", str(good))
+    lines = good.read_text().splitlines(keepends=True)
+    lines[3] = re.sub(r'"t_s":[0-9.]+', '"t_s":"soon"', lines[3], count=1)
+    bad = tmp_path / "bad"
+    bad.write_text("".join(lines))
+    for args in (["devices", "--replay", str(bad)],
+                 ["record", "--replay", str(bad), "-o", str(tmp_path / "out")]):
+        p = gpumon(*args)
+        assert p.returncode == 4
+        line = one_line_error(p)
+        assert f"{bad}:4:" in line and "t_s" in line
+    assert not (tmp_path / "out").exists()
+
+
+def _wait_for_lines(path: Path, n: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never reached {n} lines")
+
+
+def _start_record(out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "record", "--simulate", "starved-io,healthy",
+         "--speed", "20", "-o", str(out)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_kill_9_loses_at_most_the_tick_in_progress(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    proc = _start_record(out)
+    try:
+        _wait_for_lines(out, 6)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines_on_disk = out.read_bytes().count(b"\n")
+    trace = read_trace(str(out))
+    assert len(trace.ticks) >= 5 and len(trace.ticks) >= lines_on_disk - 1
+    assert trace.end is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_ends_the_file_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "t"
+    proc = _start_record(out)
+    _wait_for_lines(out, 4)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and "Traceback" not in err
+    trace = read_trace(str(out))
+    assert trace.end is not None and trace.end["reason"] == "interrupted"
+    assert trace.end["ticks"] == len(trace.ticks) >= 3
+
+
+def test_python_dash_m_and_console_script_agree() -> None:
+    p = subprocess.run([sys.executable, "-m", "gpumon", "--help"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0 and "devices" in p.stdout and "record" in p.stdout

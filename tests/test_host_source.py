@@ -1,0 +1,189 @@
+"""HostSource through injected psutil functions: CPU, busiest core, iowait, disk reads, and the CPU
+of each GPU process with its loader children."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+
+from gpumon.sources.host import HostSource, cpu_ratios, rate
+
+T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+TNoIowait = namedtuple("TNoIowait", "user system idle")
+
+
+def core(user: float = 0, system: float = 0, idle: float = 0, iowait: float = 0,
+         guest: float = 0) -> T:
+    return T(user, 0.0, system, idle, iowait, 0.0, 0.0, 0.0, guest, 0.0)
+
+
+class NoSuchProcess(Exception):
+    pass
+
+
+class AccessDenied(Exception):
+    pass
+
+
+class ZombieProcess(NoSuchProcess):
+    pass
+
+
+class Proc:
+    def __init__(self, host: FakePsutil, pid: int) -> None:
+        self.host, self.pid = host, pid
+
+    def _alive(self) -> None:
+        if self.pid not in self.host.cpu:
+            raise NoSuchProcess(self.pid)
+
+    def name(self) -> str:
+        self._alive()
+        return "python"
+
+    def cpu_times(self) -> SimpleNamespace:
+        self._alive()
+        return SimpleNamespace(user=self.host.cpu[self.pid] * 0.75, system=self.host.cpu[self.pid] * 0.25)
+
+    def children(self, recursive: bool = False) -> list[Proc]:
+        self._alive()
+        return [Proc(self.host, c) for c in self.host.children.get(self.pid, [])]
+
+    def io_counters(self) -> SimpleNamespace:
+        self._alive()
+        if self.pid in self.host.hidden_io:
+            raise AccessDenied(self.pid)
+        return SimpleNamespace(read_bytes=self.host.read.get(self.pid, 0))
+
+
+class FakePsutil:
+    NoSuchProcess, AccessDenied, ZombieProcess = NoSuchProcess, AccessDenied, ZombieProcess
+
+    def __init__(self) -> None:
+        self.cores = [core(idle=100.0) for _ in range(4)]
+        self.disk_read = 0
+        self.cpu: dict[int, float] = {}
+        self.children: dict[int, list[int]] = {}
+        self.read: dict[int, int] = {}
+        self.hidden_io: set[int] = set()
+
+    def cpu_count(self) -> int:
+        return len(self.cores)
+
+    def cpu_times(self, percpu: bool = False) -> list[T]:
+        return list(self.cores)
+
+    def disk_io_counters(self) -> SimpleNamespace:
+        return SimpleNamespace(read_bytes=self.disk_read)
+
+    def getloadavg(self) -> tuple[float, float, float]:
+        return (1.5, 1.0, 0.5)
+
+    def Process(self, pid: int) -> Proc:
+        if pid not in self.cpu:
+            raise NoSuchProcess(pid)
+        return Proc(self, pid)
+
+    def spend(self, seconds: float, per_core_busy: list[float], iowait: float = 0.0) -> None:
+        """Advance the counters: each core busy b, and waiting on I/O for up to `iowait` of the rest."""
+        new = []
+        for c, b in zip(self.cores, per_core_busy):
+            io = min(1 - b, iowait)
+            new.append(core(user=c.user + seconds * b, system=c.system,
+                            idle=c.idle + seconds * (1 - b - io), iowait=c.iowait + seconds * io))
+        self.cores = new
+
+
+def test_cpu_ratios_find_the_pinned_core_behind_a_half_idle_machine() -> None:
+    """Under the GIL one feeder pins one core while the machine looks mostly idle."""
+    prev = [core(idle=100) for _ in range(4)]
+    cur = [core(user=1.0, idle=100), core(idle=101), core(idle=101), core(idle=101)]
+    r = cpu_ratios(prev, cur)
+    assert r.cpu_ratio == pytest.approx(0.25)
+    assert r.busiest_core_ratio == pytest.approx(1.0)
+    assert r.iowait_ratio == pytest.approx(0.0)
+
+
+def test_cpu_ratios_count_iowait_as_not_busy_and_guest_once() -> None:
+    prev = [core(idle=10)]
+    cur = [core(user=0.5, guest=0.2, idle=10.2, iowait=0.3)]  # guest is part of user
+    r = cpu_ratios(prev, cur)
+    assert r.cpu_ratio == pytest.approx(0.5)
+    assert r.iowait_ratio == pytest.approx(0.3)
+
+
+def test_cpu_ratios_without_iowait_field_report_none() -> None:
+    r = cpu_ratios([TNoIowait(0, 0, 10)], [TNoIowait(0.5, 0, 10.5)])
+    assert r.iowait_ratio is None and r.cpu_ratio == pytest.approx(0.5)
+
+
+def test_rate_handles_unknowns_and_counter_resets() -> None:
+    assert rate(None, 10, 1.0) is None
+    assert rate(10, 30, 2.0) == 10.0
+    assert rate(30, 10, 1.0) == 0.0
+
+
+def test_first_poll_is_a_baseline_then_rates_follow() -> None:
+    ps = FakePsutil()
+    src = HostSource(ps)
+    assert src.poll(0.0) is None
+    ps.spend(1.0, [1.0, 0.0, 0.0, 0.0], iowait=0.2)
+    ps.disk_read += 300_000_000
+    h = src.poll(1.0)
+    assert h is not None
+    assert h.cpu_count == 4
+    assert h.cpu_ratio == pytest.approx(0.25)
+    assert h.busiest_core_ratio == pytest.approx(1.0)
+    assert h.iowait_ratio == pytest.approx(0.15)  # 0.2 on each of the three idle cores, of 4
+    assert h.disk_read_bytes_per_s == pytest.approx(300e6)
+    assert h.load1 == 1.5
+
+
+def test_gpu_process_cpu_includes_loader_children() -> None:
+    ps = FakePsutil()
+    ps.cpu = {100: 10.0, 101: 5.0, 102: 5.0, 103: 1.0}
+    ps.children = {100: [101, 102, 103]}
+    ps.read = {100: 0, 101: 1000, 102: 0, 103: 0}
+    src = HostSource(ps)
+    src.poll(0.0, [100])
+    ps.cpu.update({100: 11.0, 101: 6.0, 102: 6.0, 103: 1.5})  # main pinned, two workers pinned
+    ps.read[101] += 2_000_000
+    h = src.poll(1.0, [100])
+    assert h is not None
+    (p,) = h.processes
+    assert p.pid == 100 and p.name == "python"
+    assert p.cpu_ratio == pytest.approx(1.0)
+    assert p.children_cpu_ratio == pytest.approx(2.5)
+    assert p.busiest_child_cpu_ratio == pytest.approx(1.0)
+    assert p.children == 3
+    assert p.read_bytes_per_s == pytest.approx(2e6)
+
+
+def test_child_born_during_the_tick_counts_in_full_and_gone_child_drops_out() -> None:
+    ps = FakePsutil()
+    ps.cpu = {100: 0.0, 101: 0.0}
+    ps.children = {100: [101]}
+    src = HostSource(ps)
+    src.poll(0.0, [100])
+    src.poll(1.0, [100])
+    ps.cpu.update({104: 0.5})
+    ps.children = {100: [104]}  # 101 exited, 104 was born
+    h = src.poll(2.0, [100])
+    assert h is not None
+    assert h.processes[0].children_cpu_ratio == pytest.approx(0.5)
+    assert h.processes[0].children == 1
+
+
+def test_hidden_io_gives_none_not_zero_and_vanished_process_is_skipped() -> None:
+    ps = FakePsutil()
+    ps.cpu = {100: 0.0, 200: 0.0}
+    ps.hidden_io = {200}
+    src = HostSource(ps)
+    src.poll(0.0, [100, 200])
+    del ps.cpu[100]  # the job ended between ticks
+    h = src.poll(1.0, [100, 200])
+    assert h is not None
+    assert [p.pid for p in h.processes] == [200]
+    assert h.processes[0].read_bytes_per_s is None

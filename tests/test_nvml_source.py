@@ -1,0 +1,227 @@
+"""NvmlSource against hand-built pynvml look-alikes: fields, units, unsupported fields, lost GPUs,
+the sample buffer (NOT_FOUND, last-seen tracking) and the no-driver message."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from gpumon.errors import NoDriverError
+from gpumon.problems import Problems
+from gpumon.sources.nvml import NvmlSource, SampleClockAligner
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        self.value = value
+        super().__init__({3: "Not Supported", 6: "Not Found", 12: "NVML Shared Library Not Found",
+                          15: "GPU is lost", 999: "Unknown Error"}.get(value, str(value)))
+
+
+class NVMLLibraryMismatchError(Exception):
+    pass
+
+
+class FakePynvml:
+    """Two GPUs whose answers the tests set directly, with pynvml's units and shapes."""
+
+    NVMLError = NVMLError
+
+    def __init__(self) -> None:
+        self.init_error: int | None = None
+        self.lost: set[int] = set()
+        self.unsupported: set[str] = set()
+        self.calls: dict[str, int] = {}
+        self.util = {0: 37, 1: 100}
+        self.samples: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+        self.names = {0: b"NVIDIA H200", 1: "NVIDIA H200"}  # pynvml may give bytes or str
+
+    def _call(self, fn: str, index: int | None = None) -> None:
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        if index is not None and index in self.lost:
+            raise NVMLError(15)
+        if fn in self.unsupported:
+            raise NVMLError(3)
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self._call("nvmlDeviceGetHandleByIndex", i)
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        self._call("nvmlDeviceGetUUID", h)
+        return f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+
+    def nvmlDeviceGetName(self, h: int) -> str | bytes:
+        self._call("nvmlDeviceGetName", h)
+        return self.names[h]
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        self._call("nvmlDeviceGetUtilizationRates", h)
+        return SimpleNamespace(gpu=self.util[h], memory=12)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        self._call("nvmlDeviceGetMemoryInfo", h)
+        return SimpleNamespace(total=141 * 2**30, used=70 * 2**30, free=71 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        self._call("nvmlDeviceGetPowerUsage", h)
+        return 350_500  # mW
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        self._call("nvmlDeviceGetEnforcedPowerLimit", h)
+        return 700_000
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        self._call("nvmlDeviceGetTemperature", h)
+        return 55
+
+    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
+        self._call("nvmlDeviceGetPcieThroughput", h)
+        return 1000 if counter == 1 else 10  # KB/s
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        self._call("nvmlDeviceGetComputeRunningProcesses", h)
+        if "mismatch" in self.unsupported:
+            raise NVMLLibraryMismatchError("old driver")
+        return [SimpleNamespace(pid=4242, usedGpuMemory=None if h else 5 * 2**30)]
+
+    def nvmlDeviceGetSamples(self, h: int, kind: int, last_seen: int) -> tuple[int, list]:
+        self._call("nvmlDeviceGetSamples", h)
+        fresh = [(ts, v) for ts, v in self.samples[h] if ts > last_seen]
+        if not fresh:
+            raise NVMLError(6)
+        return 1, [SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v)) for ts, v in fresh]
+
+
+def _source(fake: FakePynvml, caplog: pytest.LogCaptureFixture | None = None) -> NvmlSource:
+    src = NvmlSource(fake, Problems(logging.getLogger("test.nvml")))
+    src.open()
+    return src
+
+
+def test_fields_are_read_in_base_units() -> None:
+    g = _source(FakePynvml()).poll(10.0)[0]
+    assert g.name == "NVIDIA H200" and g.uuid.startswith("GPU-00000000")
+    assert g.util_ratio == pytest.approx(0.37)
+    assert g.mem_util_ratio == pytest.approx(0.12)
+    assert g.mem_used_bytes == 70 * 2**30 and g.mem_total_bytes == 141 * 2**30
+    assert g.power_w == pytest.approx(350.5) and g.power_limit_w == pytest.approx(700.0)
+    assert g.temp_c == 55.0
+    assert g.pcie_rx_bytes_per_s == 1000 * 1024 and g.pcie_tx_bytes_per_s == 10 * 1024
+    assert [(p.pid, p.gpu_mem_bytes) for p in g.processes] == [(4242, 5 * 2**30)]
+
+
+def test_process_memory_the_driver_cannot_tell_is_none() -> None:
+    g = _source(FakePynvml()).poll(10.0)[1]
+    assert g.processes[0].gpu_mem_bytes is None
+
+
+def test_unsupported_field_is_none_and_not_asked_again(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakePynvml()
+    fake.unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput"}
+    src = _source(fake)
+    with caplog.at_level(logging.INFO):
+        for t in range(5):
+            g = src.poll(float(t))[0]
+    assert g.power_w is None and g.pcie_rx_bytes_per_s is None and g.pcie_tx_bytes_per_s is None
+    assert g.util_ratio is not None  # the rest still read
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 2  # once per GPU, then remembered
+    assert caplog.records == []  # NOT_SUPPORTED is a fact of the hardware, not a problem to log
+
+
+def test_old_driver_without_versioned_process_call_leaves_processes_empty() -> None:
+    fake = FakePynvml()
+    fake.unsupported = {"mismatch"}
+    g = _source(fake).poll(1.0)[0]
+    assert g.processes == () and g.available
+
+
+def test_lost_gpu_is_marked_down_while_the_other_keeps_its_data_and_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakePynvml()
+    src = _source(fake)
+    src.poll(0.0)
+    fake.lost = {1}
+    with caplog.at_level(logging.INFO, logger="test.nvml"):
+        for t in range(1, 6):
+            gpus = src.poll(float(t))
+            assert gpus[0].available and gpus[0].util_ratio == pytest.approx(0.37)
+            assert not gpus[1].available and gpus[1].util_ratio is None
+            assert "lost" in (gpus[1].error or "")
+            assert gpus[1].uuid.startswith("GPU-00000001")  # still named, so users know which
+        fake.lost = set()
+        back = src.poll(6.0)[1]
+    assert back.available and back.util_ratio == pytest.approx(1.0)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, "a lost GPU is logged once, not once per tick"
+    assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+def test_gpu_lost_before_its_first_handle_is_unavailable_not_fatal() -> None:
+    fake = FakePynvml()
+    fake.lost = {0}
+    gpus = _source(fake).poll(0.0)
+    assert not gpus[0].available and gpus[1].available
+
+
+def test_samples_track_last_seen_and_not_found_means_no_new_samples() -> None:
+    fake = FakePynvml()
+    src = _source(fake)
+    fake.samples[0] = [(5_000_000, 10), (5_166_666, 90)]
+    first = src.poll(100.0)[0].util_history
+    assert [p.util_ratio for p in first] == [0.1, 0.9]
+    assert src.poll(100.5)[0].util_history == ()  # NOT_FOUND: nothing new, no error
+    fake.samples[0].append((5_333_333, 40))
+    again = src.poll(101.0)[0].util_history
+    assert [p.util_ratio for p in again] == [0.4], "only samples newer than the last seen"
+    assert again[0].t_s > first[-1].t_s
+
+
+def test_sample_times_are_mapped_onto_the_sampler_clock() -> None:
+    fake = FakePynvml()
+    src = _source(fake)
+    # The driver's clock reads 5 s when the sampler's reads 100 s.
+    fake.samples[0] = [(4_500_000, 10), (5_000_000, 20)]
+    pts = src.poll(100.0)[0].util_history
+    assert pts[-1].t_s == pytest.approx(100.0)
+    assert pts[-1].t_s - pts[0].t_s == pytest.approx(0.5)
+
+
+def test_samples_older_than_a_second_before_start_are_not_replayed_as_new() -> None:
+    fake = FakePynvml()
+    fake.samples[0] = [(ts * 1_000_000, 50) for ts in range(1, 21)]  # 20 s of buffer
+    pts = _source(fake).poll(100.0)[0].util_history
+    assert len(pts) == 1
+
+
+def test_aligner_converges_to_the_smallest_offset_and_follows_drift() -> None:
+    a = SampleClockAligner(leak_s=0.001)
+    a.observe(10.3, 10_000_000)  # read 0.3 s after the sample: offset bound 0.3
+    a.observe(11.05, 11_000_000)  # a tighter bound
+    assert a.to_sampler_time(11_000_000) == pytest.approx(11.05)
+    for i in range(100):  # a bound that never comes back is slowly forgotten
+        a.observe(12.0 + i, 11_900_000 + i * 1_000_000)
+    assert a.to_sampler_time(11_900_000) == pytest.approx(12.0, abs=0.11)
+
+
+@pytest.mark.parametrize("code", [12, 9])
+def test_no_driver_names_the_library_and_suggests_simulate(code: int) -> None:
+    fake = FakePynvml()
+    fake.init_error = code
+    with pytest.raises(NoDriverError) as e:
+        NvmlSource(fake).open()
+    msg = str(e.value)
+    assert "libnvidia-ml.so.1" in msg and "--simulate" in msg and "\n" not in msg

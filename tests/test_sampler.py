@@ -1,0 +1,148 @@
+"""The sampler on a fake clock: drift-free cadence, skipping when blocked, isolated sources,
+bounded history."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+import pytest
+
+from gpumon.clock import VirtualClock
+from gpumon.model import GpuProcess, GpuSample, HostSample, UtilPoint
+from gpumon.problems import Problems
+from gpumon.sampler import Sampler
+
+
+class StubGpus:
+    """GPU source whose readings take `cost_s` of clock time; can fail or change GPUs on demand."""
+
+    name = "nvml"
+
+    def __init__(self, clock: VirtualClock, cost_s: float = 0.0, n: int = 2) -> None:
+        self.clock, self.cost_s, self.n = clock, cost_s, n
+        self.fail: Exception | None = None
+        self.uuid_suffix = ""
+
+    def poll(self, t_s: float) -> list[GpuSample]:
+        self.clock.advance(self.cost_s)
+        if self.fail is not None:
+            raise self.fail
+        return [
+            GpuSample(t_s=t_s, index=i, uuid=f"GPU-{i}{self.uuid_suffix}", name="stub", util_ratio=0.5,
+                      processes=(GpuProcess(1000 + i, None),),
+                      util_history=tuple(UtilPoint(t_s - k / 6, 0.5) for k in range(5, -1, -1)))
+            for i in range(self.n)
+        ]
+
+
+class StubHost:
+    name = "host"
+
+    def __init__(self) -> None:
+        self.fail: Exception | None = None
+        self.pids_seen: list[list[int]] = []
+
+    def poll(self, t_s: float, gpu_pids: list[int] = ()) -> HostSample | None:
+        self.pids_seen.append(list(gpu_pids))
+        if self.fail is not None:
+            raise self.fail
+        return HostSample(t_s, 8, 0.1, 0.2, 0.0, 1.0, 0.0)
+
+
+def test_ticks_do_not_drift_with_the_time_each_tick_takes() -> None:
+    clock = VirtualClock(1000.0)
+    s = Sampler(StubGpus(clock, cost_s=0.3), StubHost(), clock, interval_s=1.0)
+    times: list[float] = []
+    s.on_tick.append(lambda t: times.append(t.t_s))
+    s.run(duration_s=50)
+    assert len(times) == 50
+    assert times == pytest.approx([1000.0 + k for k in range(1, 51)])
+
+
+def test_a_blocked_tick_skips_ahead_instead_of_bursting() -> None:
+    clock = VirtualClock()
+    gpus = StubGpus(clock)
+    s = Sampler(gpus, None, clock, interval_s=1.0)
+    times: list[float] = []
+
+    def sink(t) -> None:
+        times.append(t.t_s)
+        if len(times) == 3:
+            clock.advance(4.5)  # the machine froze for 4.5 s after the third tick
+
+    s.on_tick.append(sink)
+    s.run(duration_s=12)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) == pytest.approx(5.0) and min(gaps) >= 0.99
+    assert s.skipped_ticks == 4
+    assert times[-1] <= 12.0
+
+
+def test_a_failing_source_is_counted_logged_once_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = VirtualClock()
+    host = StubHost()
+    host.fail = OSError("/proc/stat: permission denied")
+    s = Sampler(StubGpus(clock), host, clock, problems=Problems(logging.getLogger("t.sampler")))
+    with caplog.at_level(logging.INFO, logger="t.sampler"):
+        ticks = [s.tick() for _ in range(5)]
+        host.fail = None
+        ok = s.tick()
+    assert all(len(t.gpus) == 2 and t.host is None and t.source_errors == ("host",) for t in ticks)
+    assert ok.host is not None and ok.source_errors == ()
+    assert s.stats["host"].failures == 5 and s.stats["host"].last_success
+    assert s.stats["nvml"].failures == 0
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "permission denied" in warnings[0].getMessage()
+    assert any("recovered after 5 failures" in r.getMessage() for r in caplog.records)
+
+
+def test_gpu_source_failure_leaves_host_running_and_is_visible_in_the_tick() -> None:
+    clock = VirtualClock()
+    gpus = StubGpus(clock)
+    gpus.fail = RuntimeError("nvmlDeviceGetCount failed: Driver Not Loaded")
+    s = Sampler(gpus, StubHost(), clock)
+    t = s.tick()
+    assert t.gpus == () and t.host is not None and t.source_errors == ("nvml",)
+    assert s.stats["nvml"].last_success is False
+
+
+def test_host_source_is_asked_about_the_gpu_processes() -> None:
+    clock = VirtualClock()
+    host = StubHost()
+    Sampler(StubGpus(clock, n=3), host, clock).tick()
+    assert host.pids_seen[-1] == [1000, 1001, 1002]
+
+
+def test_history_is_bounded_by_the_window_however_long_it_runs() -> None:
+    clock = VirtualClock()
+    s = Sampler(StubGpus(clock), StubHost(), clock, interval_s=1.0, window_s=60.0)
+    s.run(duration_s=5000)
+    hist = s.history[(0, "GPU-0")]
+    assert len(hist.samples) <= 61 and len(hist.points) <= 60 * 6 + 6
+    assert len(s.host_history) <= 61
+    assert hist.samples[-1].t_s == pytest.approx(5000.0)
+    pts = [p.t_s for p in hist.points]
+    assert pts == sorted(pts) and len(set(pts)) == len(pts), "no duplicated sub-second points"
+
+
+def test_gpus_that_vanish_are_forgotten_after_a_window() -> None:
+    clock = VirtualClock()
+    gpus = StubGpus(clock)
+    s = Sampler(gpus, None, clock, interval_s=1.0, window_s=10.0)
+    s.run(duration_s=5)
+    gpus.uuid_suffix = "-replaced"  # same indexes, new boards
+    s.run(duration_s=20)
+    assert set(s.history) == {(0, "GPU-0-replaced"), (1, "GPU-1-replaced")}
+
+
+def test_stop_event_ends_the_loop() -> None:
+    clock = VirtualClock()
+    stop = threading.Event()
+    s = Sampler(StubGpus(clock), None, clock)
+    s.on_tick.append(lambda t: stop.set() if s.ticks == 7 else None)
+    s.run(stop=stop)
+    assert s.ticks == 7
