@@ -165,7 +165,7 @@ def test_child_born_during_the_tick_counts_in_full_and_gone_child_drops_out() ->
     ps = FakePsutil()
     ps.cpu = {100: 0.0, 101: 0.0}
     ps.children = {100: [101]}
-    src = HostSource(ps)
+    src = HostSource(ps, children_rescan_s=0)
     src.poll(0.0, [100])
     src.poll(1.0, [100])
     ps.cpu.update({104: 0.5})
@@ -187,3 +187,33 @@ def test_hidden_io_gives_none_not_zero_and_vanished_process_is_skipped() -> None
     assert h is not None
     assert [p.pid for p in h.processes] == [200]
     assert h.processes[0].read_bytes_per_s is None
+
+
+def test_children_are_looked_for_every_few_seconds_not_every_tick() -> None:
+    """Finding descendants scans all of /proc; workers live long, so it runs every 5 s."""
+    ps = FakePsutil()
+    ps.cpu = {100: 0.0, 101: 0.0}
+    ps.children = {100: [101]}
+    scans = []
+    real_children = Proc.children
+
+    def counting(self, recursive=False):
+        scans.append(self.pid)
+        return real_children(self, recursive)
+
+    Proc.children = counting  # type: ignore[method-assign]
+    try:
+        src = HostSource(ps, children_rescan_s=5.0)
+        src.poll(0.0, [100])
+        ps.cpu.update({105: 0.0})
+        ps.children = {100: [101, 105]}  # a worker born at t=0.5
+        for t in range(1, 5):
+            ps.cpu[101] += 0.5
+            h = src.poll(float(t), [100])
+            assert h.processes[0].children == 1  # not seen yet: no scan since t=0
+            assert h.processes[0].children_cpu_ratio == pytest.approx(0.5)  # known ones still read
+        h = src.poll(5.0, [100])
+        assert h.processes[0].children == 2
+        assert len(scans) == 2
+    finally:
+        Proc.children = real_children  # type: ignore[method-assign]

@@ -81,6 +81,12 @@ def rate(prev: float | None, cur: float | None, dt_s: float) -> float | None:
     return max(0.0, cur - prev) / dt_s
 
 
+CHILDREN_RESCAN_S = 5.0
+"""How often the descendants of a GPU process are looked for. Finding them scans every process
+in /proc (the costliest thing the host source does); loader workers live long, so between scans
+only the known ones are read. A worker born in between is counted from the next scan."""
+
+
 @dataclass
 class _Tree:
     proc: Any
@@ -88,6 +94,8 @@ class _Tree:
     cpu_s: float
     children_cpu_s: dict[int, float] = field(default_factory=dict)
     read_bytes: int | None = None
+    children: list[Any] = field(default_factory=list)
+    scanned_t_s: float = float("-inf")
 
 
 def _cpu_s(proc: Any) -> float:
@@ -98,8 +106,10 @@ def _cpu_s(proc: Any) -> float:
 class HostSource:
     name = "host"
 
-    def __init__(self, psutil: ModuleType | Any, problems: Problems | None = None) -> None:
+    def __init__(self, psutil: ModuleType | Any, problems: Problems | None = None,
+                 children_rescan_s: float = CHILDREN_RESCAN_S) -> None:
         self._ps = psutil
+        self._rescan_s = children_rescan_s
         self._problems = problems or Problems(log)
         self._cpu_count = int(psutil.cpu_count() or 1)
         self._prev_t: float | None = None
@@ -142,7 +152,7 @@ class HostSource:
         out = []
         for pid in pids:
             try:
-                out_one = self._process(pid, dt)
+                out_one = self._process(pid, t_s, dt)
             except self._gone:
                 self._trees.pop(pid, None)
                 continue
@@ -152,16 +162,16 @@ class HostSource:
             del self._trees[pid]
         return tuple(out)
 
-    def _process(self, pid: int, dt: float) -> ProcessCpu | None:
+    def _process(self, pid: int, t_s: float, dt: float) -> ProcessCpu | None:
         tree = self._trees.get(pid)
         if tree is None:
             proc = self._ps.Process(pid)
             tree = _Tree(proc=proc, name=proc.name(), cpu_s=_cpu_s(proc))
-            tree.children_cpu_s, tree.read_bytes = self._snapshot(proc)
+            tree.children_cpu_s, tree.read_bytes = self._snapshot(tree, t_s)
             self._trees[pid] = tree
             return None  # baseline
         cpu_s = _cpu_s(tree.proc)
-        children, read_bytes = self._snapshot(tree.proc)
+        children, read_bytes = self._snapshot(tree, t_s)
         # A child first seen now was born during the tick: its whole time counts.
         deltas = [max(0.0, c - tree.children_cpu_s.get(cpid, 0.0)) for cpid, c in children.items()]
         main = max(0.0, cpu_s - tree.cpu_s)
@@ -179,17 +189,23 @@ class HostSource:
             read_bytes_per_s=_round(read_rate),
         )
 
-    def _snapshot(self, proc: Any) -> tuple[dict[int, float], int | None]:
+    def _snapshot(self, tree: _Tree, t_s: float) -> tuple[dict[int, float], int | None]:
         """CPU seconds of each descendant, and read bytes of the whole tree (None if hidden)."""
+        if t_s - tree.scanned_t_s >= self._rescan_s:
+            tree.children = tree.proc.children(recursive=True)
+            tree.scanned_t_s = t_s
         cpu: dict[int, float] = {}
-        read_bytes: int | None = self._io_read(proc)
-        for child in proc.children(recursive=True):
+        read_bytes: int | None = self._io_read(tree.proc)
+        alive = []
+        for child in tree.children:
             try:
                 cpu[int(child.pid)] = _cpu_s(child)
                 child_read = self._io_read(child) if read_bytes is not None else None
             except self._gone:
-                continue
+                continue  # exited: dropped from the list below
+            alive.append(child)
             read_bytes = None if child_read is None else read_bytes + child_read  # type: ignore[operator]
+        tree.children = alive
         return cpu, read_bytes
 
     def _io_read(self, proc: Any) -> int | None:

@@ -1,0 +1,115 @@
+"""CPU time of the sampler per GPU-sample, for 8 and 64 GPUs (not a timed test).
+
+    .venv/bin/python -m benchmarks.sampler_cost [--ticks 300] [--repeats 5]
+
+Three measurements, each the median of --repeats runs of --ticks ticks on a virtual clock (so
+nothing sleeps and only CPU is counted, with time.process_time):
+
+  gpumon overhead  NvmlSource + sampler over a canned driver whose calls cost ~nothing, so what is
+                   left is gpumon's own Python (the real driver adds ~0.4-5 µs per call in C);
+                   6 new sub-second samples per GPU per tick, as NVML gives at its finest period.
+  + host (psutil)  the same, plus HostSource reading this machine's /proc for real.
+  simulator        the whole path over the simulated fleet, i.e. what `--simulate` costs; the
+                   simulator itself is most of it, and it is not what runs on a GPU machine.
+
+Goal (issue 2): at a 1 s cadence on 8 GPUs, under 0.1% of one core, i.e. < 1 ms CPU per tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from types import SimpleNamespace
+
+from gpumon.clock import VirtualClock
+from gpumon.sampler import Sampler
+from gpumon.sim.fleet import Fleet
+from gpumon.sim.scenarios import parse_scenarios
+from gpumon.sources.host import HostSource, load_psutil
+from gpumon.sources.nvml import NvmlSource
+
+
+class CannedNvml:
+    """A driver that answers instantly with fixed values; samples advance with its clock."""
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    def __init__(self, n: int, clock: VirtualClock) -> None:
+        self.n, self.clock = n, clock
+        self.util = SimpleNamespace(gpu=42, memory=10)
+        self.mem = SimpleNamespace(total=80 << 30, used=40 << 30, free=40 << 30)
+        self.procs = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30)]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: return self.n
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
+    def nvmlDeviceGetUUID(self, h: int) -> str: return f"GPU-{h:08d}"
+    def nvmlDeviceGetName(self, h: int) -> str: return "canned"
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace: return self.util
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace: return self.mem
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int: return 300_000
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int: return 700_000
+    def nvmlDeviceGetTemperature(self, h: int, s: int) -> int: return 50
+    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int: return 1000
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list: return self.procs
+
+    def nvmlDeviceGetSamples(self, h: int, kind: int, last: int) -> tuple[int, list]:
+        now_us = int(self.clock.now() * 1e6)
+        return 1, [SimpleNamespace(timeStamp=now_us - k * 166_667, sampleValue=SimpleNamespace(uiVal=40))
+                   for k in range(5, -1, -1)]
+
+
+def cpu_per_tick(make, ticks: int, repeats: int) -> float:
+    runs = []
+    for _ in range(repeats):
+        sampler = make()
+        sampler.run(duration_s=5)  # warm up: baselines, handles, caches
+        t0 = time.process_time()
+        sampler.run(duration_s=ticks)
+        runs.append((time.process_time() - t0) / ticks)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ticks", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    def canned(n: int, with_host: bool):
+        def make() -> Sampler:
+            clock = VirtualClock()
+            src = NvmlSource(CannedNvml(n, clock))
+            src.open()
+            host = HostSource(load_psutil()) if with_host else None
+            return Sampler(src, host, clock)
+        return make
+
+    def simulated(n: int):
+        def make() -> Sampler:
+            clock = VirtualClock()
+            fleet = Fleet(parse_scenarios("healthy,starved-cpu,starved-io,underutilized"), n, 0, clock)
+            src = NvmlSource(fleet.nvml())
+            src.open()
+            return Sampler(src, HostSource(fleet.psutil()), clock)
+        return make
+
+    print(f"sampler CPU cost, median of {args.repeats} runs x {args.ticks} ticks "
+          f"(1 s cadence: share of one core = ms per tick / 10)")
+    print(f"{'GPUs':>4}  {'measurement':<18} {'ms/tick':>9} {'µs/GPU-sample':>14} {'core @1s':>9}")
+    for n in (8, 64):
+        for label, make in (("gpumon overhead", canned(n, False)),
+                            ("+ host (psutil)", canned(n, True)),
+                            ("simulator", simulated(n))):
+            per_tick = cpu_per_tick(make, args.ticks, args.repeats)
+            print(f"{n:>4}  {label:<18} {per_tick * 1e3:>9.3f} {per_tick / n * 1e6:>14.1f} "
+                  f"{per_tick * 100:>8.3f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sourced by run.sh and test.sh: a virtual environment in .venv with gpumon installed in it.
+# Idempotent and quiet when everything is already there. Set GPUMON_EXTRAS to add extras
+# (e.g. "dev" for the tests).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "gpumon needs Python >= 3.11; found: $("$PY" --version 2>&1). Set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+VENV="$ROOT/.venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV" >&2
+  "$PY" -m venv "$VENV"
+fi
+extras="${GPUMON_EXTRAS:-}"
+spec="$ROOT"
+[ -n "$extras" ] && spec="$ROOT[$extras]"
+stamp="$VENV/.gpumon-installed-$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)-${extras:-none}"
+if [ ! -e "$stamp" ]; then
+  echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec" 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
+  "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' \
+    || { echo "setup: installing into $VENV failed (see pip's output above)" >&2; exit 1; }
+  rm -f "$VENV"/.gpumon-installed-*
+  touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
