@@ -20,11 +20,14 @@ spec="$ROOT"
 stamp="$VENV/.gpumon-installed-$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)-${extras:-none}"
 if [ ! -e "$stamp" ]; then
   echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec" 2>&1 \
-    | grep -v "^WARNING: Location" >&2 || true
-  "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' \
-    || { echo "setup: installing into $VENV failed (see pip's output above)" >&2; exit 1; }
+  log="$VENV/pip-install.log"
+  if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip &&
+         "$VENV/bin/python" -m pip install --disable-pip-version-check -e "$spec"; } >"$log" 2>&1 ||
+     ! "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' 2>>"$log"; then
+    tail -n 30 "$log" >&2
+    echo "setup: installing into $VENV failed; pip's whole output is in $log" >&2
+    exit 1
+  fi
   rm -f "$VENV"/.gpumon-installed-*
   touch "$stamp"
 fi
