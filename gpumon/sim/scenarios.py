@@ -82,6 +82,10 @@ STARVED_IO = Phase(
     compute_s=0.06, wait_s=0.08, jitter=0.4, long_gap_p=0.3, main_cpu=0.15, workers=4,
     worker_cpu=0.06, iowait=0.3, read_bytes_per_s=420e6,
 )
+STARVED_HOST = Phase(
+    compute_s=0.06, wait_s=0.3, jitter=0.5, main_cpu=0.3, workers=4, worker_cpu=0.05,
+    read_bytes_per_s=0.0,
+)
 IDLE = Phase(has_job=False, stepped=False, duty=0.0, power_idle_ratio=0.08, mem_used_ratio=0.006,
              main_cpu=0.0, workers=0, worker_cpu=0.0, iowait=0.0, read_bytes_per_s=0.0)
 STALLED = Phase(stepped=False, duty=0.0, power_idle_ratio=0.12, main_cpu=0.01, worker_cpu=0.0,
@@ -108,6 +112,8 @@ SCENARIOS: dict[str, Scenario] = {
              STARVED_CPU, "starved-cpu"),
         _one("starved-io", "storage-bound input: bursts between irregular gaps, iowait and disk reads",
              STARVED_IO, "starved-io"),
+        _one("starved-host", "bursts and gaps with quiet CPU and disks: input from the network or a "
+             "remote service", STARVED_HOST, "starved-host"),
         _one("idle", "no job on the GPU: nothing runs, idle power, no processes", IDLE, "idle"),
         _one("stalled", "a job holds GPU memory but nothing runs and its CPU is quiet (hang)",
              STALLED, "stalled"),

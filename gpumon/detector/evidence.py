@@ -1,0 +1,175 @@
+"""Evidence: the numbers a verdict rests on, computed from one window of samples. Pure."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpumon.detector.config import Thresholds
+from gpumon.model import GpuSample, HostSample, ProcessCpu, UtilPoint
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWindow:
+    """What the detector sees of one GPU at one moment: the latest sample and recent history."""
+
+    t_s: float
+    gpu: GpuSample
+    samples: tuple[GpuSample, ...]
+    """This GPU's tick samples within the window, oldest first (the latest is `gpu`)."""
+    points: tuple[UtilPoint, ...]
+    """Driver utilization samples within the window, oldest first."""
+    hosts: tuple[HostSample, ...]
+    """Host samples within the host window, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    points: int
+    period_s: float | None
+    duty_cycle: float | None
+    """Mean of the driver samples: share of time a kernel ran."""
+    p5: float | None
+    p95: float | None
+    gap_share: float | None
+    """Share of samples at or below the gap threshold."""
+    bursts_per_s: float | None
+    mean_burst_s: float | None
+    mean_gap_s: float | None
+    gap_cv: float | None
+    """Regularity of the gaps: standard deviation / mean of gap lengths (low: regular, as a
+    CPU-bound loader; high: irregular, as storage stalls). None with fewer than two gaps."""
+    power_ratio: float | None
+    has_job: bool
+    pids: tuple[int, ...]
+    job_seen_on_host: bool
+    """The host source knows the GPU's processes (not so across PID namespaces)."""
+    job_cpu_cores: float | None
+    """The GPU processes and all their descendants, in cores."""
+    main_cpu_cores: float | None
+    busiest_child_cpu_cores: float | None
+    loader_workers: int | None
+    job_read_bytes_per_s: float | None
+    host_cpu_ratio: float | None
+    busiest_core_ratio: float | None
+    iowait_ratio: float | None
+    disk_read_bytes_per_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+    @property
+    def busiest_job_core(self) -> float | None:
+        """The most saturated single process of the job: main process or a loader worker."""
+        values = [v for v in (self.main_cpu_cores, self.busiest_child_cpu_cores) if v is not None]
+        return max(values) if values else None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
+    """Lengths of consecutive True runs (gaps) and False runs (bursts)."""
+    gaps: list[int] = []
+    bursts: list[int] = []
+    if not flags:
+        return gaps, bursts
+    current, length = flags[0], 0
+    for f in flags:
+        if f == current:
+            length += 1
+        else:
+            (gaps if current else bursts).append(length)
+            current, length = f, 1
+    (gaps if current else bursts).append(length)
+    return gaps, bursts
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[ProcessCpu]]:
+    """Per host sample, the entries for this GPU's processes."""
+    wanted = set(pids)
+    return [[p for p in h.processes if p.pid in wanted] for h in window.hosts]
+
+
+def gather(window: GpuWindow, th: Thresholds) -> Evidence:
+    pts = window.points
+    if len(pts) < 2 and window.samples:
+        # No sub-second history (GetSamples unsupported, e.g. MIG): fall back to tick readings.
+        pts = tuple(UtilPoint(s.t_s, s.util_ratio) for s in window.samples if s.util_ratio is not None)
+    values = [p.util_ratio for p in pts]
+    period = None
+    if len(pts) >= 2:
+        period = statistics.median(b.t_s - a.t_s for a, b in zip(pts, pts[1:]))
+    duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
+    if values:
+        ordered = sorted(values)
+        duty = sum(values) / len(values)
+        p5, p95 = _percentile(ordered, 0.05), _percentile(ordered, 0.95)
+        flags = [v <= th.gap_util for v in values]
+        gap_share = sum(flags) / len(flags)
+        gaps, bursts = _runs(flags)
+        if period:
+            span = max(period * len(values), 1e-9)
+            starts = sum(1 for a, b in zip(flags, flags[1:]) if a and not b)
+            bursts_per_s = starts / span
+            mean_burst = _mean([n * period for n in bursts])
+            mean_gap = _mean([n * period for n in gaps])
+            if len(gaps) >= 2:
+                lengths = [n * period for n in gaps]
+                gap_cv = statistics.pstdev(lengths) / statistics.fmean(lengths)
+
+    ratios = [s.power_w / s.power_limit_w for s in window.samples
+              if s.power_w is not None and s.power_limit_w]
+    gpu = window.gpu
+    pids = tuple(sorted(p.pid for p in gpu.processes))
+    per_host = _job_processes(window, pids)
+    seen = [procs for procs in per_host if procs]
+    hosts = window.hosts
+
+    def avg(fn) -> float | None:
+        vals = [fn(procs) for procs in seen]
+        vals = [v for v in vals if v is not None]
+        return _mean(vals)
+
+    def host_avg(attr: str) -> float | None:
+        return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
+
+    reads = [sum(p.read_bytes_per_s for p in procs) for procs in seen
+             if all(p.read_bytes_per_s is not None for p in procs)]
+    return Evidence(
+        points=len(values),
+        period_s=period,
+        duty_cycle=duty,
+        p5=p5,
+        p95=p95,
+        gap_share=gap_share,
+        bursts_per_s=bursts_per_s,
+        mean_burst_s=mean_burst,
+        mean_gap_s=mean_gap,
+        gap_cv=gap_cv,
+        power_ratio=_mean(ratios),
+        has_job=bool(pids),
+        pids=pids,
+        job_seen_on_host=bool(seen),
+        job_cpu_cores=avg(lambda ps: sum(p.cpu_ratio + p.children_cpu_ratio for p in ps)),
+        main_cpu_cores=avg(lambda ps: max(p.cpu_ratio for p in ps)),
+        busiest_child_cpu_cores=avg(lambda ps: max(p.busiest_child_cpu_ratio for p in ps)),
+        loader_workers=max((sum(p.children for p in ps) for ps in seen), default=None),
+        job_read_bytes_per_s=_mean(reads) if len(reads) == len(seen) and seen else None,
+        host_cpu_ratio=host_avg("cpu_ratio"),
+        busiest_core_ratio=host_avg("busiest_core_ratio"),
+        iowait_ratio=host_avg("iowait_ratio"),
+        disk_read_bytes_per_s=host_avg("disk_read_bytes_per_s"),
+    )

@@ -1,0 +1,192 @@
+"""Hysteresis, episodes and wasted GPU-seconds: a small state machine per GPU. No clock, no I/O:
+time comes with the windows it is fed."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpumon.detector.classify import STATES, WASTEFUL, Classification, classify
+from gpumon.detector.config import DEFAULT_THRESHOLDS, Thresholds
+from gpumon.detector.evidence import Evidence, GpuWindow, gather
+
+MAX_EPISODES_KEPT = 200
+"""Closed episodes remembered per GPU (a long-running daemon stays bounded; totals are kept)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    index: int
+    uuid: str
+    state: str
+    cause: str | None
+    start_s: float
+    end_s: float | None
+    """None while it goes on."""
+    wasted_gpu_s: float
+    mean_duty: float | None
+    worst: dict[str, Any] | None
+    """The evidence of the window with the lowest duty cycle in the episode."""
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.state}-{self.cause}" if self.cause else self.state
+
+    def duration_s(self, now_s: float) -> float:
+        return (self.end_s if self.end_s is not None else now_s) - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    t_s: float
+    index: int
+    uuid: str
+    name: str
+    state: str
+    cause: str | None
+    confidence: float
+    since_s: float
+    reason: str
+    evidence: Evidence
+    raw: Classification
+    """What this window alone says, before hysteresis."""
+    wasted_gpu_s: float
+    """GPU-seconds wasted since the detector started, all episodes together."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.state}-{self.cause}" if self.cause else self.state
+
+
+def waste_share(state: str, evidence: Evidence) -> float:
+    """Share of a second of GPU time wasted in this state: the idle share of a starved or
+    underutilized GPU; all of it for a stalled GPU or one spinning in a collective."""
+    if state not in WASTEFUL:
+        return 0.0
+    if state in ("stalled", "sync-stall") or evidence.duty_cycle is None:
+        return 1.0
+    return max(0.0, 1.0 - evidence.duty_cycle)
+
+
+@dataclass
+class _Open:
+    state: str
+    cause: str | None
+    start_s: float
+    reason: str
+    wasted_gpu_s: float = 0.0
+    duty_sum: float = 0.0
+    duty_n: int = 0
+    worst_duty: float = 2.0
+    worst: dict[str, Any] | None = None
+
+
+@dataclass
+class StarvationDetector:
+    """Feed it one window per tick for one GPU; it answers with the (hysteresis-held) verdict."""
+
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    expected_period_s: float | None = None
+    seconds_in_state: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+    wasted_gpu_s: float = 0.0
+    episodes_started: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES_KEPT)
+        self._open: _Open | None = None
+        self._candidate: tuple[str, str | None] | None = None
+        self._candidate_since = 0.0
+        self._candidate_reason = ""
+        self._last_t: float | None = None
+        self._index, self._uuid = -1, ""
+
+    @property
+    def state(self) -> str:
+        return self._open.state if self._open else "unknown"
+
+    @property
+    def current(self) -> Episode | None:
+        return self._as_episode(self._open, None) if self._open else None
+
+    def feed(self, window: GpuWindow) -> Verdict:
+        th = self.thresholds
+        t = window.t_s
+        self._index, self._uuid = window.gpu.index, window.gpu.uuid
+        ev = gather(window, th)
+        # A window not yet full (just started, samples missing) lowers the confidence.
+        expected = round(th.window_s / ev.period_s) if ev.period_s else None
+        if self._open is None:
+            self._open = _Open("unknown", None, t, "starting")
+        raw = classify(ev, th, self._open.state, window.gpu.available, expected_points=expected)
+        key = (raw.state, raw.cause)
+        current = (self._open.state, self._open.cause)
+        if key == current:
+            self._candidate = None
+            self._open.reason = raw.reason
+        elif self._candidate != key:
+            self._candidate, self._candidate_since, self._candidate_reason = key, t, raw.reason
+        if self._candidate is not None and t - self._candidate_since >= th.confirm_s - 1e-9:
+            self._switch(self._candidate, self._candidate_since, raw.reason)
+            self._candidate = None
+        self._account(t, ev)
+        op = self._open
+        confidence = raw.confidence if key == (op.state, op.cause) else round(raw.confidence * 0.5, 3)
+        return Verdict(t_s=t, index=window.gpu.index, uuid=window.gpu.uuid, name=window.gpu.name,
+                       state=op.state, cause=op.cause, confidence=confidence, since_s=op.start_s,
+                       reason=op.reason, evidence=ev, raw=raw, wasted_gpu_s=round(self.wasted_gpu_s, 3))
+
+    def _switch(self, key: tuple[str, str | None], since: float, reason: str) -> None:
+        old = self._open
+        if old is not None and since > old.start_s:  # an episode of no length is no episode
+            self.episodes.append(self._as_episode(old, since))
+        self._open = _Open(key[0], key[1], since, reason)
+        label = f"{key[0]}-{key[1]}" if key[1] else key[0]
+        self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
+
+    def _account(self, t: float, ev: Evidence) -> None:
+        op = self._open
+        assert op is not None
+        dt = 0.0 if self._last_t is None else min(t - self._last_t, self.thresholds.window_s)
+        self._last_t = t
+        self.seconds_in_state[op.state] = self.seconds_in_state.get(op.state, 0.0) + dt
+        wasted = dt * waste_share(op.state, ev)
+        self.wasted_gpu_s += wasted
+        op.wasted_gpu_s += wasted
+        if ev.duty_cycle is not None:
+            op.duty_sum += ev.duty_cycle
+            op.duty_n += 1
+            if ev.duty_cycle < op.worst_duty:
+                op.worst_duty, op.worst = ev.duty_cycle, ev.as_dict()
+
+    def _as_episode(self, op: _Open, end: float | None) -> Episode:
+        return Episode(index=self._index, uuid=self._uuid, state=op.state, cause=op.cause,
+                       start_s=op.start_s, end_s=end, wasted_gpu_s=round(op.wasted_gpu_s, 3),
+                       mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
+                       worst=op.worst, reason=op.reason)
+
+    def close(self, t_s: float) -> list[Episode]:
+        """End of input: the open episode ends now; returns every episode kept."""
+        out = list(self.episodes)
+        if self._open is not None:
+            out.append(replace(self._as_episode(self._open, t_s)))
+        return out
+
+
+class FleetDetector:
+    """One StarvationDetector per GPU (keyed by index and UUID, so a replaced board starts fresh)."""
+
+    def __init__(self, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+        self.thresholds = thresholds
+        self.gpus: dict[tuple[int, str], StarvationDetector] = {}
+
+    def feed(self, windows: list[GpuWindow]) -> list[Verdict]:
+        out = []
+        for w in windows:
+            key = (w.gpu.index, w.gpu.uuid)
+            det = self.gpus.get(key)
+            if det is None:
+                det = self.gpus[key] = StarvationDetector(self.thresholds)
+            out.append(det.feed(w))
+        return out
