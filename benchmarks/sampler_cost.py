@@ -46,22 +46,45 @@ class CannedNvml:
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: return self.n
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetUUID(self, h: int) -> str: return f"GPU-{h:08d}"
-    def nvmlDeviceGetName(self, h: int) -> str: return "canned"
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace: return self.util
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace: return self.mem
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int: return 300_000
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int: return 700_000
-    def nvmlDeviceGetTemperature(self, h: int, s: int) -> int: return 50
-    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int: return 1000
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list: return self.procs
+    def nvmlDeviceGetCount(self) -> int:
+        return self.n
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-{h:08d}"
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "canned"
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        return self.util
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        return self.mem
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 300_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetTemperature(self, h: int, s: int) -> int:
+        return 50
+
+    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int:
+        return 1000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
+        return self.procs
 
     def nvmlDeviceGetSamples(self, h: int, kind: int, last: int) -> tuple[int, list]:
         now_us = int(self.clock.now() * 1e6)
-        return 1, [SimpleNamespace(timeStamp=now_us - k * 166_667, sampleValue=SimpleNamespace(uiVal=40))
-                   for k in range(5, -1, -1)]
+        return 1, [
+            SimpleNamespace(timeStamp=now_us - k * 166_667, sampleValue=SimpleNamespace(uiVal=40))
+            for k in range(5, -1, -1)
+        ]
 
 
 def cpu_per_tick(make, ticks: int, repeats: int) -> float:
@@ -88,6 +111,7 @@ def main() -> None:
             src.open()
             host = HostSource(load_psutil()) if with_host else None
             return Sampler(src, host, clock)
+
         return make
 
     def simulated(n: int):
@@ -97,18 +121,25 @@ def main() -> None:
             src = NvmlSource(fleet.nvml())
             src.open()
             return Sampler(src, HostSource(fleet.psutil()), clock)
+
         return make
 
-    print(f"sampler CPU cost, median of {args.repeats} runs x {args.ticks} ticks "
-          f"(1 s cadence: share of one core = ms per tick / 10)")
+    print(
+        f"sampler CPU cost, median of {args.repeats} runs x {args.ticks} ticks "
+        f"(1 s cadence: share of one core = ms per tick / 10)"
+    )
     print(f"{'GPUs':>4}  {'measurement':<18} {'ms/tick':>9} {'µs/GPU-sample':>14} {'core @1s':>9}")
     for n in (8, 64):
-        for label, make in (("gpumon overhead", canned(n, False)),
-                            ("+ host (psutil)", canned(n, True)),
-                            ("simulator", simulated(n))):
+        for label, make in (
+            ("gpumon overhead", canned(n, False)),
+            ("+ host (psutil)", canned(n, True)),
+            ("simulator", simulated(n)),
+        ):
             per_tick = cpu_per_tick(make, args.ticks, args.repeats)
-            print(f"{n:>4}  {label:<18} {per_tick * 1e3:>9.3f} {per_tick / n * 1e6:>14.1f} "
-                  f"{per_tick * 100:>8.3f}%")
+            print(
+                f"{n:>4}  {label:<18} {per_tick * 1e3:>9.3f} {per_tick / n * 1e6:>14.1f} "
+                f"{per_tick * 100:>8.3f}%"
+            )
 
 
 if __name__ == "__main__":

@@ -83,20 +83,41 @@ def _speed(text: str) -> float:
 def _add_source_flags(p: argparse.ArgumentParser, *, speed: bool) -> None:
     g = p.add_argument_group("what to sample (default: this machine's GPUs through NVML)")
     which = g.add_mutually_exclusive_group()
-    which.add_argument("--simulate", metavar="SCENARIO[,SCENARIO...]",
-                       help="simulated GPUs following these scenarios, cycled over the GPUs "
-                            "(see 'gpumon scenarios')")
+    which.add_argument(
+        "--simulate",
+        metavar="SCENARIO[,SCENARIO...]",
+        help="simulated GPUs following these scenarios, cycled over the GPUs (see 'gpumon scenarios')",
+    )
     which.add_argument("--replay", metavar="FILE", help="play back a recorded trace")
-    g.add_argument("--gpus", type=_gpu_count, metavar="N",
-                   help="number of simulated GPUs (default: one per scenario given)")
-    g.add_argument("--seed", type=_seed, default=0, metavar="S",
-                   help="seed of the simulation (default 0); the same seed gives the same run")
-    g.add_argument("--sample-period", type=_period, default=1 / 6, metavar="SECONDS",
-                   help="simulated driver's utilization sample period, 1/6 to 1 (default 1/6)")
+    g.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        metavar="N",
+        help="number of simulated GPUs (default: one per scenario given)",
+    )
+    g.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        metavar="S",
+        help="seed of the simulation (default 0); the same seed gives the same run",
+    )
+    g.add_argument(
+        "--sample-period",
+        type=_period,
+        default=1 / 6,
+        metavar="SECONDS",
+        help="simulated driver's utilization sample period, 1/6 to 1 (default 1/6)",
+    )
     if speed:
-        g.add_argument("--speed", type=_speed, default=1.0, metavar="FACTOR|max",
-                       help="simulate or replay FACTOR times faster than real time, or 'max' "
-                            "for as fast as possible (default 1)")
+        g.add_argument(
+            "--speed",
+            type=_speed,
+            default=1.0,
+            metavar="FACTOR|max",
+            help="simulate or replay FACTOR times faster than real time, or 'max' "
+            "for as fast as possible (default 1)",
+        )
 
 
 def _source_options(args: argparse.Namespace) -> SourceOptions:
@@ -143,9 +164,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
         sources.close()
     rows = [
         {
-            "index": g.index, "name": g.name, "uuid": g.uuid, "available": g.available,
-            "mem_used_bytes": g.mem_used_bytes, "mem_total_bytes": g.mem_total_bytes,
-            "util_ratio": g.util_ratio, "error": g.error,
+            "index": g.index,
+            "name": g.name,
+            "uuid": g.uuid,
+            "available": g.available,
+            "mem_used_bytes": g.mem_used_bytes,
+            "mem_total_bytes": g.mem_total_bytes,
+            "util_ratio": g.util_ratio,
+            "error": g.error,
         }
         for g in gpus
     ]
@@ -159,8 +185,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(f"{'GPU':>3}  {'NAME':<36} {'UUID':<40} {'MEMORY USED/TOTAL':>19} {'UTIL':>5}")
     for r in rows:
         if not r["available"]:
-            print(f"{r['index']:>3}  {r['name'] or '?':<36} {r['uuid'] or '?':<40} "
-                  f"unavailable: {r['error']}")
+            print(f"{r['index']:>3}  {r['name'] or '?':<36} {r['uuid'] or '?':<40} unavailable: {r['error']}")
             continue
         mem = f"{_gib(r['mem_used_bytes'])} / {_gib(r['mem_total_bytes'])} GiB"
         util = f"{r['util_ratio'] * 100:.0f}%" if r["util_ratio"] is not None else "n/a"
@@ -181,12 +206,17 @@ def cmd_record(args: argparse.Namespace) -> int:
     sources = open_sources(_source_options(args), clock)
     header = make_header(sources.description, args.interval)
     writer = TraceWriter(args.output, header, force=args.force)
-    sampler = Sampler(sources.gpu, sources.host, clock, interval_s=args.interval,
-                      window_s=args.interval * 4, on_tick=[writer.write_tick])
+    sampler = Sampler(
+        sources.gpu,
+        sources.host,
+        clock,
+        interval_s=args.interval,
+        window_s=args.interval * 4,
+        on_tick=[writer.write_tick],
+    )
     what = _describe(sources)
     until = f"for {args.duration:g} s" if args.duration else "until interrupted (Ctrl-C)"
-    print(f"gpumon: recording {what} every {args.interval:g} s {until} to {args.output}",
-          file=sys.stderr)
+    print(f"gpumon: recording {what} every {args.interval:g} s {until} to {args.output}", file=sys.stderr)
     reason = "duration"
     try:
         with _StopOnSignals():
@@ -200,9 +230,127 @@ def cmd_record(args: argparse.Namespace) -> int:
         writer.close(last, reason)
         sources.close()
     gpus = sampler.last_tick.gpus if sampler.last_tick else ()
-    print(f"gpumon: wrote {writer.ticks} ticks of {len(gpus)} GPU(s) to {args.output} ({reason})",
-          file=sys.stderr)
+    print(
+        f"gpumon: wrote {writer.ticks} ticks of {len(gpus)} GPU(s) to {args.output} ({reason})",
+        file=sys.stderr,
+    )
     return EXIT_INTERRUPTED if reason == "interrupted" else EXIT_OK
+
+
+def _thresholds(args: argparse.Namespace):
+    from dataclasses import fields
+
+    from gpumon.detector.config import Thresholds
+
+    known = {f.name for f in fields(Thresholds)}
+    overrides: dict[str, float] = {}
+    for item in args.threshold or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise UsageError(f"--threshold {item!r}: expected KEY=VALUE, e.g. fed_duty=0.85")
+        if key not in known:
+            raise UsageError(f"--threshold: unknown key {key!r}; known: {', '.join(sorted(known))}")
+        try:
+            overrides[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--threshold {key}: not a number: {value!r}") from None
+    if "min_points" in overrides:
+        overrides["min_points"] = int(overrides["min_points"])
+    try:
+        return Thresholds(**overrides)
+    except ValueError as e:
+        raise UsageError(f"--threshold: {e}") from None
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from gpumon.analysis import analyze, render_text, to_json
+
+    th = _thresholds(args)
+    result = analyze(args.trace, th)
+    if not result.trace.ticks:
+        raise UsageError(f"{args.trace}: the trace holds no ticks to analyze")
+    if args.plot:
+        from gpumon.plot import plot
+
+        plot(result, args.plot)
+    if args.json:
+        json.dump(to_json(result), sys.stdout, indent=1)
+        print()
+    else:
+        print(render_text(result))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return EXIT_OK
+
+
+_COLORS = {
+    "healthy": "32",
+    "starved": "1;31",
+    "stalled": "1;35",
+    "sync-stall": "1;35",
+    "underutilized": "33",
+    "idle": "2",
+    "unknown": "2",
+}
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from gpumon.live import DetectorSink
+
+    th = _thresholds(args)
+    clock = SinceStart(_clock(args))
+    sources = open_sources(_source_options(args), clock)
+    sampler = Sampler(
+        sources.gpu, sources.host, clock, interval_s=args.interval, window_s=max(60.0, 2 * th.window_s)
+    )
+    sink = DetectorSink(sampler, th)
+    sampler.on_tick.append(sink)
+    color = sys.stdout.isatty() and not args.no_color
+    print(f"gpumon watch: {_describe(sources)}, every {args.interval:g} s (Ctrl-C to stop)", flush=True)
+    print(
+        f"{'TIME':>7} {'GPU':>3} {'UTIL':>5} {'DUTY':>5} {'MEM':>5} {'JOBCPU':>7}  "
+        f"{'STATE':<14} {'CAUSE':<5} {'CONF':>4} {'SINCE':>6}",
+        flush=True,
+    )
+
+    def show(tick, verdicts) -> None:
+        for v in verdicts:
+            g = next((x for x in tick.gpus if x.index == v.index and x.uuid == v.uuid), None)
+            util = f"{g.util_ratio:.0%}" if g and g.util_ratio is not None else "-"
+            mem = (
+                f"{g.mem_used_bytes / g.mem_total_bytes:.0%}"
+                if g and g.mem_used_bytes is not None and g.mem_total_bytes
+                else "-"
+            )
+            ev = v.evidence
+            duty = f"{ev.duty_cycle:.0%}" if ev.duty_cycle is not None else "-"
+            cpu = f"{ev.job_cpu_cores:.1f}c" if ev.job_cpu_cores is not None else "-"
+            state = v.state.upper() if v.state == "starved" else v.state
+            text = f"{state:<14}"
+            if color:
+                text = f"\033[{_COLORS.get(v.state, '0')}m{text}\033[0m"
+            print(
+                f"{tick.t_s:7.1f} {v.index:>3} {util:>5} {duty:>5} {mem:>5} {cpu:>7}  {text} "
+                f"{v.cause or '-':<5} {v.confidence:4.2f} {tick.t_s - v.since_s:5.0f}s",
+                flush=True,
+            )
+
+    sink.on_verdicts.append(show)
+    try:
+        with _StopOnSignals():
+            sampler.run(duration_s=args.duration, exhausted=sources.exhausted)
+    except Interrupted:
+        pass
+    finally:
+        sources.close()
+    for key, det in sorted(sink.fleet.gpus.items()):
+        episodes = [
+            e for e in det.close(sampler.last_tick.t_s if sampler.last_tick else 0.0) if e.state != "unknown"
+        ]
+        summary = ", ".join(f"{e.label} {e.start_s:.0f}-{e.end_s:.0f} s" for e in episodes) or "-"
+        print(f"GPU {key[0]}: {summary}; wasted {det.wasted_gpu_s:.0f} GPU-s", flush=True)
+    return EXIT_OK
 
 
 def _describe(sources: OpenedSources) -> str:
@@ -237,8 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Catch GPUs starved by their input pipeline (CPU or storage).",
     )
     p.add_argument("--version", action="version", version=f"gpumon {__version__}")
-    p.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error"], help="(default warning)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="(default warning)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -252,21 +404,68 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("record", help="sample GPUs and host into a trace file")
     s.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
-    s.add_argument("--duration", type=_positive_float, metavar="SECONDS",
-                   help="stop after this long (default: until Ctrl-C or SIGTERM)")
-    s.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
-                   metavar="SECONDS", help=f"time between ticks (default {DEFAULT_INTERVAL_S:g})")
+    s.add_argument(
+        "--duration",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="stop after this long (default: until Ctrl-C or SIGTERM)",
+    )
+    s.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"time between ticks (default {DEFAULT_INTERVAL_S:g})",
+    )
     s.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     _add_source_flags(s, speed=True)
     s.set_defaults(func=cmd_record)
+
+    s = sub.add_parser("analyze", help="classify each GPU of a recorded trace and report why it waited")
+    s.add_argument("trace", metavar="TRACE", help="a trace written by 'gpumon record'")
+    s.add_argument(
+        "--json", action="store_true", help="per-window verdicts and episodes as JSON (docs/detector.md)"
+    )
+    s.add_argument("--plot", metavar="FILE.png", help="also draw a timeline to this PNG file")
+    _add_threshold_flag(s)
+    s.set_defaults(func=cmd_analyze)
+
+    s = sub.add_parser("watch", help="print each GPU's utilization and verdict every interval")
+    s.add_argument(
+        "--duration",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="stop after this long (default: until Ctrl-C)",
+    )
+    s.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"time between lines (default {DEFAULT_INTERVAL_S:g})",
+    )
+    s.add_argument("--no-color", action="store_true", help="never colour the state column")
+    _add_threshold_flag(s)
+    _add_source_flags(s, speed=True)
+    s.set_defaults(func=cmd_watch)
     return p
+
+
+def _add_threshold_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threshold",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a detector threshold, e.g. fed_duty=0.85 (repeatable; docs/detector.md lists them)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="gpumon: %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="gpumon: %(levelname)s: %(message)s"
+    )
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -285,9 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if args.debug:
             raise
-        print(f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)",
-              file=sys.stderr)
+        print(
+            f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)", file=sys.stderr
+        )
         return EXIT_INTERNAL
     return EXIT_OK
-
-

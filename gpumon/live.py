@@ -38,13 +38,15 @@ def windows_for(sampler: Sampler, tick: Tick, th: Thresholds) -> list[GpuWindow]
         hist = sampler.history.get((g.index, g.uuid))
         if hist is None:
             continue
-        out.append(GpuWindow(
-            t_s=t,
-            gpu=g,
-            samples=_recent(hist.samples, t - th.window_s, lambda s: s.t_s),
-            points=_recent(hist.points, t - th.window_s, lambda p: p.t_s),
-            hosts=hosts,
-        ))
+        out.append(
+            GpuWindow(
+                t_s=t,
+                gpu=g,
+                samples=_recent(hist.samples, t - th.window_s, lambda s: s.t_s),
+                points=_recent(hist.points, t - th.window_s, lambda p: p.t_s),
+                hosts=hosts,
+            )
+        )
     return out
 
 

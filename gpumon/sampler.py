@@ -156,8 +156,12 @@ class Sampler:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self, duration_s: float | None = None, stop: threading.Event | None = None,
-            exhausted: Callable[[], bool] | None = None) -> None:
+    def run(
+        self,
+        duration_s: float | None = None,
+        stop: threading.Event | None = None,
+        exhausted: Callable[[], bool] | None = None,
+    ) -> None:
         """Tick every interval until `duration_s` has passed, `stop` is set or the source ends.
 
         The first tick comes one interval after the start, so rates have a baseline to compare.

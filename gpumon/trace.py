@@ -25,8 +25,15 @@ FORMAT = "gpumon-trace"
 VERSION = 1
 FSYNC_EVERY_S = 5.0
 
-_GPU_FLOATS = ("util_ratio", "mem_util_ratio", "power_w", "power_limit_w", "temp_c",
-               "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s")
+_GPU_FLOATS = (
+    "util_ratio",
+    "mem_util_ratio",
+    "power_w",
+    "power_limit_w",
+    "temp_c",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+)
 _GPU_INTS = ("mem_used_bytes", "mem_total_bytes")
 
 
@@ -59,10 +66,15 @@ def host_to_dict(h: HostSample) -> dict[str, Any]:
         "load1": h.load1,
         "disk_read_bytes_per_s": h.disk_read_bytes_per_s,
         "processes": [
-            {"pid": p.pid, "name": p.name, "cpu_ratio": p.cpu_ratio,
-             "children_cpu_ratio": p.children_cpu_ratio,
-             "busiest_child_cpu_ratio": p.busiest_child_cpu_ratio, "children": p.children,
-             "read_bytes_per_s": p.read_bytes_per_s}
+            {
+                "pid": p.pid,
+                "name": p.name,
+                "cpu_ratio": p.cpu_ratio,
+                "children_cpu_ratio": p.children_cpu_ratio,
+                "busiest_child_cpu_ratio": p.busiest_child_cpu_ratio,
+                "children": p.children,
+                "read_bytes_per_s": p.read_bytes_per_s,
+            }
             for p in h.processes
         ],
     }
@@ -101,8 +113,9 @@ def make_header(source: dict[str, Any], interval_s: float) -> dict[str, Any]:
 class TraceWriter:
     """Appends whole lines; never leaves a half-written line except when killed mid-write."""
 
-    def __init__(self, path: str, header: dict[str, Any], *, force: bool = False,
-                 fsync_every_s: float = FSYNC_EVERY_S) -> None:
+    def __init__(
+        self, path: str, header: dict[str, Any], *, force: bool = False, fsync_every_s: float = FSYNC_EVERY_S
+    ) -> None:
         self.path = path
         self.ticks = 0
         self._fsync_every_s = fsync_every_s
@@ -127,8 +140,9 @@ class TraceWriter:
                 os.fsync(self._f.fileno())
                 self._last_fsync = now
         except OSError as e:
-            raise OutputError(f"{self.path}: cannot write: {e.strerror}; "
-                              f"the {self.ticks} ticks before are kept") from None
+            raise OutputError(
+                f"{self.path}: cannot write: {e.strerror}; the {self.ticks} ticks before are kept"
+            ) from None
 
     def write_tick(self, tick: Tick) -> None:
         self._write(tick_to_dict(tick))
@@ -199,16 +213,20 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
         raise _Bad("each entry of 'gpus' must be an object")
     history = []
     for p in _list(d, "util_history"):
-        if (not isinstance(p, list) or len(p) != 2
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
+        if (
+            not isinstance(p, list)
+            or len(p) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)
+        ):
             raise _Bad(f"util_history entries must be [t_s, util_ratio], got {p!r}")
         history.append(UtilPoint(float(p[0]), float(p[1])))
     procs = []
     for p in _list(d, "processes"):
         if not isinstance(p, dict):
             raise _Bad("each process must be an object")
-        procs.append(GpuProcess(_num(p, "pid", optional=False, integer=True),
-                                _num(p, "gpu_mem_bytes", integer=True)))
+        procs.append(
+            GpuProcess(_num(p, "pid", optional=False, integer=True), _num(p, "gpu_mem_bytes", integer=True))
+        )
     available = d.get("available", True)
     if not isinstance(available, bool):
         raise _Bad(f"field 'available' must be true or false, got {available!r}")
@@ -237,15 +255,17 @@ def _host(d: Any, t_s: float) -> HostSample | None:
     for p in _list(d, "processes"):
         if not isinstance(p, dict):
             raise _Bad("each host process must be an object")
-        procs.append(ProcessCpu(
-            pid=_num(p, "pid", optional=False, integer=True),
-            name=_str(p, "name"),
-            cpu_ratio=_num(p, "cpu_ratio") or 0.0,
-            children_cpu_ratio=_num(p, "children_cpu_ratio") or 0.0,
-            busiest_child_cpu_ratio=_num(p, "busiest_child_cpu_ratio") or 0.0,
-            children=_num(p, "children", integer=True) or 0,
-            read_bytes_per_s=_num(p, "read_bytes_per_s"),
-        ))
+        procs.append(
+            ProcessCpu(
+                pid=_num(p, "pid", optional=False, integer=True),
+                name=_str(p, "name"),
+                cpu_ratio=_num(p, "cpu_ratio") or 0.0,
+                children_cpu_ratio=_num(p, "children_cpu_ratio") or 0.0,
+                busiest_child_cpu_ratio=_num(p, "busiest_child_cpu_ratio") or 0.0,
+                children=_num(p, "children", integer=True) or 0,
+                read_bytes_per_s=_num(p, "read_bytes_per_s"),
+            )
+        )
     return HostSample(
         t_s=t_s,
         cpu_count=_num(d, "cpu_count", integer=True) or 1,
@@ -264,8 +284,12 @@ def tick_from_dict(d: dict[str, Any]) -> Tick:
     if not isinstance(gpus, list):
         raise _Bad("missing or invalid field 'gpus' (a list)")
     errors = d.get("source_errors") or []
-    return Tick(t_s=t_s, gpus=tuple(_gpu(g, t_s) for g in gpus), host=_host(d.get("host"), t_s),
-                source_errors=tuple(str(e) for e in errors) if isinstance(errors, list) else ())
+    return Tick(
+        t_s=t_s,
+        gpus=tuple(_gpu(g, t_s) for g in gpus),
+        host=_host(d.get("host"), t_s),
+        source_errors=tuple(str(e) for e in errors) if isinstance(errors, list) else (),
+    )
 
 
 def iter_trace(path: str, warnings: list[str] | None = None) -> Iterator[dict[str, Any] | Tick]:
@@ -294,8 +318,7 @@ def iter_trace(path: str, warnings: list[str] | None = None) -> Iterator[dict[st
             except TraceError:
                 if lineno == 1:
                     raise
-                reader.warnings.append(
-                    f"{path}:{lineno}: partial last line dropped (recorder was killed?)")
+                reader.warnings.append(f"{path}:{lineno}: partial last line dropped (recorder was killed?)")
         if lineno == 0:
             raise TraceError(path, None, "empty file: not a gpumon trace")
 
@@ -325,8 +348,9 @@ class _Reader:
             except _Bad as e:
                 raise TraceError(path, lineno, str(e)) from None
             if self.last_t is not None and tick.t_s < self.last_t:
-                raise TraceError(path, lineno, f"t_s {tick.t_s:g} goes back in time "
-                                               f"(previous tick was at {self.last_t:g})")
+                raise TraceError(
+                    path, lineno, f"t_s {tick.t_s:g} goes back in time (previous tick was at {self.last_t:g})"
+                )
             if self.last_t is not None and tick.t_s == self.last_t:
                 self.warnings.append(f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
                 return
@@ -340,14 +364,16 @@ class _Reader:
 
     def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("type") != "header" or record.get("format") != FORMAT:
-            raise TraceError(self.path, lineno,
-                             f"not a gpumon trace (line 1 must be a {FORMAT} header)")
+            raise TraceError(self.path, lineno, f"not a gpumon trace (line 1 must be a {FORMAT} header)")
         version = record.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise TraceError(self.path, lineno, f"invalid trace version {version!r}")
         if version > VERSION:
-            raise TraceError(self.path, lineno, f"trace version {version} is newer than this "
-                                                f"gpumon reads ({VERSION}); upgrade gpumon")
+            raise TraceError(
+                self.path,
+                lineno,
+                f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon",
+            )
         return record
 
 
@@ -365,6 +391,7 @@ def read_trace(path: str) -> Trace:
             end = item
     assert header is not None
     if end is None:
-        warnings.append(f"{path}: no end record: the recording did not stop cleanly "
-                        f"({len(ticks)} ticks kept)")
+        warnings.append(
+            f"{path}: no end record: the recording did not stop cleanly ({len(ticks)} ticks kept)"
+        )
     return Trace(path=path, header=header, ticks=ticks, end=end, warnings=warnings)

@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 GPUMON_EXTRAS=dev source scripts/setup.sh
 echo "== ruff" >&2
 ruff check gpumon tests benchmarks
+ruff format --check gpumon tests benchmarks
 echo "== pytest" >&2
 exec python -m pytest -q "$@"

@@ -11,13 +11,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def gpumon(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
-           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def gpumon(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real command line in a child process, as a user would."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT))
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gpumon", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "gpumon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+    )
 
 
 def nvidia_driver_present() -> bool:

@@ -44,7 +44,9 @@ def test_the_daemon_never_imports_an_ml_framework() -> None:
 
 
 def test_simulated_runs_do_not_even_load_pynvml() -> None:
-    code = ("import sys; from gpumon.cli import main; main(['devices','--simulate','healthy','--json']);"
-            "print('LOADED', 'pynvml' in sys.modules, 'psutil' in sys.modules)")
+    code = (
+        "import sys; from gpumon.cli import main; main(['devices','--simulate','healthy','--json']);"
+        "print('LOADED', 'pynvml' in sys.modules, 'psutil' in sys.modules)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert "LOADED False False" in p.stdout, p.stdout + p.stderr

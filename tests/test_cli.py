@@ -35,8 +35,16 @@ def test_version() -> None:
 def test_scenarios_lists_each_with_one_line() -> None:
     p = gpumon("scenarios")
     names = [ln.split()[0] for ln in p.stdout.splitlines()]
-    for required in ["healthy", "starved-cpu", "starved-io", "idle", "stalled", "sync-stall",
-                     "underutilized", "healthy-then-starved"]:
+    for required in [
+        "healthy",
+        "starved-cpu",
+        "starved-io",
+        "idle",
+        "stalled",
+        "sync-stall",
+        "underutilized",
+        "healthy-then-starved",
+    ]:
         assert required in names
     assert all(len(ln.split(maxsplit=1)) == 2 for ln in p.stdout.splitlines())
 
@@ -47,8 +55,7 @@ def test_devices_json_lists_the_simulated_gpus() -> None:
     doc = json.loads(p.stdout)
     assert [g["index"] for g in doc["gpus"]] == [0, 1, 2, 3]
     assert len({g["uuid"] for g in doc["gpus"]}) == 4
-    assert all(g["mem_used_bytes"] < g["mem_total_bytes"] and 0 <= g["util_ratio"] <= 1
-               for g in doc["gpus"])
+    assert all(g["mem_used_bytes"] < g["mem_total_bytes"] and 0 <= g["util_ratio"] <= 1 for g in doc["gpus"])
     assert doc["source"]["kind"] == "simulated"
 
 
@@ -94,8 +101,19 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], needle: str
 
 def test_record_writes_a_trace_that_replays(tmp_path: Path) -> None:
     t = tmp_path / "t"
-    p = gpumon("record", "--simulate", "starved-cpu", "--gpus", "2", "--duration", "4",
-               "--speed", "max", "-o", str(t))
+    p = gpumon(
+        "record",
+        "--simulate",
+        "starved-cpu",
+        "--gpus",
+        "2",
+        "--duration",
+        "4",
+        "--speed",
+        "max",
+        "-o",
+        str(t),
+    )
     assert p.returncode == 0, p.stderr
     trace = read_trace(str(t))
     assert len(trace.ticks) == 4 and trace.gpu_count == 2 and trace.end["reason"] == "duration"
@@ -104,8 +122,9 @@ def test_record_writes_a_trace_that_replays(tmp_path: Path) -> None:
     p = gpumon("record", "--replay", str(t), "--speed", "max", "-o", str(again))
     assert p.returncode == 0, p.stderr
     replayed = read_trace(str(again))
-    assert [[g.util_ratio for g in x.gpus] for x in replayed.ticks] == \
-           [[g.util_ratio for g in x.gpus] for x in trace.ticks]
+    assert [[g.util_ratio for g in x.gpus] for x in replayed.ticks] == [
+        [g.util_ratio for g in x.gpus] for x in trace.ticks
+    ]
     assert replayed.end["reason"] == "replay-ended"
     p = gpumon("devices", "--replay", str(t), "--json")
     assert len(json.loads(p.stdout)["gpus"]) == 2
@@ -141,8 +160,10 @@ def test_corrupt_trace_is_refused_with_file_and_line(tmp_path: Path) -> None:
     lines[3] = re.sub(r'"t_s":[0-9.]+', '"t_s":"soon"', lines[3], count=1)
     bad = tmp_path / "bad"
     bad.write_text("".join(lines))
-    for args in (["devices", "--replay", str(bad)],
-                 ["record", "--replay", str(bad), "-o", str(tmp_path / "out")]):
+    for args in (
+        ["devices", "--replay", str(bad)],
+        ["record", "--replay", str(bad), "-o", str(tmp_path / "out")],
+    ):
         p = gpumon(*args)
         assert p.returncode == 4
         line = one_line_error(p)
@@ -161,9 +182,21 @@ def _wait_for_lines(path: Path, n: int, timeout: float = 30) -> None:
 
 def _start_record(out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpumon", "record", "--simulate", "starved-io,healthy",
-         "--speed", "20", "-o", str(out)],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "record",
+            "--simulate",
+            "starved-io,healthy",
+            "--speed",
+            "20",
+            "-o",
+            str(out),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
 
@@ -196,6 +229,10 @@ def test_sigterm_or_ctrl_c_ends_the_file_cleanly(tmp_path: Path, sig: signal.Sig
 
 
 def test_python_dash_m_and_console_script_agree() -> None:
-    p = subprocess.run([sys.executable, "-m", "gpumon", "--help"], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    p = subprocess.run(
+        [sys.executable, "-m", "gpumon", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert p.returncode == 0 and "devices" in p.stdout and "record" in p.stdout

@@ -14,8 +14,7 @@ T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_
 TNoIowait = namedtuple("TNoIowait", "user system idle")
 
 
-def core(user: float = 0, system: float = 0, idle: float = 0, iowait: float = 0,
-         guest: float = 0) -> T:
+def core(user: float = 0, system: float = 0, idle: float = 0, iowait: float = 0, guest: float = 0) -> T:
     return T(user, 0.0, system, idle, iowait, 0.0, 0.0, 0.0, guest, 0.0)
 
 
@@ -91,8 +90,14 @@ class FakePsutil:
         new = []
         for c, b in zip(self.cores, per_core_busy):
             io = min(1 - b, iowait)
-            new.append(core(user=c.user + seconds * b, system=c.system,
-                            idle=c.idle + seconds * (1 - b - io), iowait=c.iowait + seconds * io))
+            new.append(
+                core(
+                    user=c.user + seconds * b,
+                    system=c.system,
+                    idle=c.idle + seconds * (1 - b - io),
+                    iowait=c.iowait + seconds * io,
+                )
+            )
         self.cores = new
 
 

@@ -16,8 +16,15 @@ from gpumon.sources.nvml import NvmlSource, SampleClockAligner
 class NVMLError(Exception):
     def __init__(self, value: int) -> None:
         self.value = value
-        super().__init__({3: "Not Supported", 6: "Not Found", 12: "NVML Shared Library Not Found",
-                          15: "GPU is lost", 999: "Unknown Error"}.get(value, str(value)))
+        super().__init__(
+            {
+                3: "Not Supported",
+                6: "Not Found",
+                12: "NVML Shared Library Not Found",
+                15: "GPU is lost",
+                999: "Unknown Error",
+            }.get(value, str(value))
+        )
 
 
 class NVMLLibraryMismatchError(Exception):

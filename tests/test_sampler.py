@@ -30,9 +30,15 @@ class StubGpus:
         if self.fail is not None:
             raise self.fail
         return [
-            GpuSample(t_s=t_s, index=i, uuid=f"GPU-{i}{self.uuid_suffix}", name="stub", util_ratio=0.5,
-                      processes=(GpuProcess(1000 + i, None),),
-                      util_history=tuple(UtilPoint(t_s - k / 6, 0.5) for k in range(5, -1, -1)))
+            GpuSample(
+                t_s=t_s,
+                index=i,
+                uuid=f"GPU-{i}{self.uuid_suffix}",
+                name="stub",
+                util_ratio=0.5,
+                processes=(GpuProcess(1000 + i, None),),
+                util_history=tuple(UtilPoint(t_s - k / 6, 0.5) for k in range(5, -1, -1)),
+            )
             for i in range(self.n)
         ]
 

@@ -44,8 +44,9 @@ def test_duty_cycle_matches_the_step_definition(name: str) -> None:
     assert statistics.mean(history(ticks, 0)) == pytest.approx(expected, abs=0.04)
 
 
-@pytest.mark.parametrize("name,duty", [("idle", 0.0), ("stalled", 0.0), ("sync-stall", 1.0),
-                                       ("underutilized", 0.35)])
+@pytest.mark.parametrize(
+    "name,duty", [("idle", 0.0), ("stalled", 0.0), ("sync-stall", 1.0), ("underutilized", 0.35)]
+)
 def test_smooth_scenarios_hold_their_duty_without_gaps(name: str, duty: float) -> None:
     _, ticks = run_fleet(name, 30)
     values = history(ticks, 0)
@@ -153,7 +154,7 @@ def test_idle_has_no_job_and_stalled_holds_memory_with_nothing_running() -> None
 def test_healthy_then_starved_changes_at_the_switch() -> None:
     _, ticks = run_fleet("healthy-then-starved", int(SWITCH_S) + 30)
     before = history(ticks[: int(SWITCH_S) - 2], 0)
-    after = history(ticks[int(SWITCH_S) + 2:], 0)
+    after = history(ticks[int(SWITCH_S) + 2 :], 0)
     assert statistics.mean(before) > 0.9 and statistics.mean(after) < 0.35
 
 

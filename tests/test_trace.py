@@ -25,8 +25,12 @@ def record(path: Path, seconds: int = 20, scenarios: str = "starved-io,healthy,i
     nvml.open()
     writer = TraceWriter(str(path), make_header({"kind": "simulated"}, 1.0))
     seen: list[dict] = []
-    sampler = Sampler(nvml, HostSource(fleet.psutil()), clock,
-                      on_tick=[writer.write_tick, lambda t: seen.append(tick_to_dict(t))])
+    sampler = Sampler(
+        nvml,
+        HostSource(fleet.psutil()),
+        clock,
+        on_tick=[writer.write_tick, lambda t: seen.append(tick_to_dict(t))],
+    )
     sampler.run(duration_s=seconds)
     writer.close(clock.now(), "duration")
     return seen
@@ -83,7 +87,8 @@ def test_replay_at_a_slower_cadence_keeps_all_sub_second_history(tmp_path: Path)
     replay = ReplaySource(trace)
     got = []
     Sampler(replay, ReplayHost(replay), VirtualClock(), interval_s=3.0, on_tick=[got.append]).run(
-        exhausted=lambda: replay.exhausted)
+        exhausted=lambda: replay.exhausted
+    )
     total = sum(len(t.gpus[0].util_history) for t in trace.ticks)
     assert sum(len(t.gpus[0].util_history) for t in got) == total
     assert len(got) == 5  # the first tick, then 11 more recorded seconds in threes
@@ -147,7 +152,8 @@ def test_missing_file_names_the_file(tmp_path: Path) -> None:
 
 def test_tolerated_oddities_are_documented_behaviour(tmp_path: Path) -> None:
     path = _write(
-        tmp_path, HEADER,
+        tmp_path,
+        HEADER,
         tick(1),
         tick(1),  # repeated timestamp: dropped with a warning
         {"type": "tick", "t_s": 2, "gpus": [{"index": 0}], "future_field": 1},  # missing fields

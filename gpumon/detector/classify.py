@@ -35,8 +35,13 @@ def _conf(margin: float, scale: float) -> float:
     return round(0.5 + 0.5 * max(0.0, min(1.0, margin / scale if scale > 0 else 1.0)), 3)
 
 
-def classify(ev: Evidence, th: Thresholds, current: str | None, available: bool = True,
-             expected_points: int | None = None) -> Classification:
+def classify(
+    ev: Evidence,
+    th: Thresholds,
+    current: str | None,
+    available: bool = True,
+    expected_points: int | None = None,
+) -> Classification:
     if not available:
         return Classification("unknown", None, 0.0, "GPU unavailable (lost or failing)")
     if ev.points < th.min_points or ev.duty_cycle is None:
@@ -48,18 +53,26 @@ def classify(ev: Evidence, th: Thresholds, current: str | None, available: bool 
         return Classification(state, cause, round(confidence * fill, 3), reason)
 
     # Processes can be invisible (another container's PID namespace) while kernels run: a GPU
-    # doing work has a job, listed or not.
-    if not ev.has_job and duty < th.stalled_duty:
-        return result("idle", None, _conf(th.stalled_duty - duty, th.stalled_duty), "no process on the GPU")
+    # doing work has a job, listed or not. Idle is judged on the recent samples, so a job that
+    # just ended shows as idle without waiting for its work to leave the window.
+    recent = ev.recent_duty if ev.recent_duty is not None else duty
+    if not ev.has_job and recent < th.stalled_duty:
+        return result("idle", None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU")
     if duty < th.stalled_duty:
-        return result("stalled", None, _conf(th.stalled_duty - duty, th.stalled_duty),
-                      f"a process holds the GPU but kernels ran {duty:.1%} of the time")
-    if (duty >= th.sync_min_duty and ev.power_ratio is not None
-            and ev.power_ratio <= th.sync_max_power_ratio):
-        return result("sync-stall", None,
-                      _conf(th.sync_max_power_ratio - ev.power_ratio, th.sync_max_power_ratio / 2),
-                      f"{duty:.0%} busy at {ev.power_ratio:.0%} of the power limit: kernels spin, "
-                      "not compute (waiting in a collective?)")
+        return result(
+            "stalled",
+            None,
+            _conf(th.stalled_duty - duty, th.stalled_duty),
+            f"a process holds the GPU but kernels ran {duty:.1%} of the time",
+        )
+    if duty >= th.sync_min_duty and ev.power_ratio is not None and ev.power_ratio <= th.sync_max_power_ratio:
+        return result(
+            "sync-stall",
+            None,
+            _conf(th.sync_max_power_ratio - ev.power_ratio, th.sync_max_power_ratio / 2),
+            f"{duty:.0%} busy at {ev.power_ratio:.0%} of the power limit: kernels spin, "
+            "not compute (waiting in a collective?)",
+        )
     fed = th.fed_duty + (-th.hysteresis if current == "healthy" else th.hysteresis)
     if duty >= fed:
         return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time")
@@ -67,33 +80,56 @@ def classify(ev: Evidence, th: Thresholds, current: str | None, available: bool 
     short = _conf(fed - duty, 0.3)
     busiest = ev.busiest_job_core
     cpu = (busiest is not None and busiest >= th.pinned_core) or (
-        ev.host_cpu_ratio is not None and ev.host_cpu_ratio >= th.host_cpu_busy)
-    if not ev.job_seen_on_host and ev.busiest_core_ratio is not None:
+        ev.host_cpu_ratio is not None and ev.host_cpu_ratio >= th.host_cpu_busy
+    )
+    # Host-wide signals stand in for the job's own only when the job has processes the host
+    # cannot see (another PID namespace); a GPU with no process gets no cause from its neighbours.
+    host_wide = ev.has_job and not ev.job_seen_on_host
+    if host_wide and ev.busiest_core_ratio is not None:
         cpu = cpu or ev.busiest_core_ratio >= th.pinned_core
     if ev.job_read_bytes_per_s is not None:
         io = ev.job_read_bytes_per_s >= th.read_bytes_high
     else:
-        io = (ev.iowait_ratio is not None and ev.iowait_ratio >= th.iowait_high) or (
-            ev.disk_read_bytes_per_s is not None and ev.disk_read_bytes_per_s >= th.read_bytes_high)
-    bursty = ev.p95 is not None and ev.p5 is not None and (
-        (ev.gap_share is not None and ev.gap_share >= th.bursty_gap_share and ev.p95 >= th.bursty_p95)
-        or ev.p95 - ev.p5 >= th.bursty_spread)
+        io = host_wide and (
+            (ev.iowait_ratio is not None and ev.iowait_ratio >= th.iowait_high)
+            or (ev.disk_read_bytes_per_s is not None and ev.disk_read_bytes_per_s >= th.read_bytes_high)
+        )
+    bursty = ev.bursty_quarters >= th.bursty_quarters
     idle_share = 1 - duty
 
     if cpu and not (io and (busiest is None or busiest < th.pinned_core)):
-        who = (f"a job process at {busiest:.0%} of a core" if busiest is not None and busiest >= th.pinned_core
-               else f"host CPU at {ev.host_cpu_ratio or 0:.0%}")
-        return result("starved", "cpu", short,
-                      f"GPU idle {idle_share:.0%} of the time while {who}: the input pipeline is CPU-bound")
+        who = (
+            f"a job process at {busiest:.0%} of a core"
+            if busiest is not None and busiest >= th.pinned_core
+            else f"host CPU at {ev.host_cpu_ratio or 0:.0%}"
+        )
+        return result(
+            "starved",
+            "cpu",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while {who}: the input pipeline is CPU-bound",
+        )
     if io:
-        what = (f"the job reads {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
-                if ev.job_read_bytes_per_s is not None else f"iowait {ev.iowait_ratio or 0:.0%}")
-        return result("starved", "io", short,
-                      f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage")
+        what = (
+            f"the job reads {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
+            if ev.job_read_bytes_per_s is not None
+            else f"iowait {ev.iowait_ratio or 0:.0%}"
+        )
+        return result(
+            "starved",
+            "io",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
+        )
     if bursty:
-        return result("starved", "host", short * 0.9,
-                      f"bursts and gaps (idle {idle_share:.0%}, utilization swinging "
-                      f"{ev.p5:.0%}-{ev.p95:.0%}) with no saturated CPU or storage: "
-                      "waiting on the host for another reason")
-    return result("underutilized", None, short,
-                  f"steady {duty:.0%} use without gaps: the work is too small for the GPU")
+        return result(
+            "starved",
+            "host",
+            short * 0.9,
+            f"bursts and gaps (idle {idle_share:.0%}, utilization swinging "
+            f"{ev.p5:.0%}-{ev.p95:.0%}) with no saturated CPU or storage: "
+            "waiting on the host for another reason",
+        )
+    return result(
+        "underutilized", None, short, f"steady {duty:.0%} use without gaps: the work is too small for the GPU"
+    )

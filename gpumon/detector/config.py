@@ -25,15 +25,16 @@ class Thresholds:
     """Below this duty with a process holding the GPU: nothing runs (a hang)."""
     gap_util: float = 0.05
     """A driver sample at or below this is an idle gap."""
-    bursty_gap_share: float = 0.15
-    """Share of gap samples from which the pattern counts as bursts and gaps (the starvation
-    signature). SageMaker's LowGPUUtilization calls p95 > 70% with p5 < 10% "fluctuations"."""
-    bursty_p95: float = 0.25
-    """... provided the bursts themselves reach this utilization."""
-    bursty_spread: float = 0.25
-    """Or: samples that swing this much (p95 - p5) are bursts too, even when gaps are shorter
-    than the driver's sample period and no sample reads empty. Steady low use stays within a
-    few percent."""
+    burst_low_util: float = 0.25
+    bursty_spread: float = 0.20
+    """A quarter of the window has bursts and gaps when its samples dip to burst_low_util or below
+    and swing by bursty_spread or more (max - min). The dip need not reach zero: gaps shorter than
+    the driver's sample period never read empty. Steady low use stays within a few percent, and a
+    healthy job with long steps swings high (70-100%), not low. (SageMaker's LowGPUUtilization
+    calls p95 > 70% with p5 < 10% "fluctuations"; this asks the same of each part of the window.)"""
+    bursty_quarters: int = 2
+    """Bursts and gaps must recur: in at least this many of the window's four quarters. A workload
+    that changes (busy, then idle) mixes only the quarter where it changed."""
 
     sync_min_duty: float = 0.90
     sync_max_power_ratio: float = 0.30

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass
@@ -31,6 +32,8 @@ class Evidence:
     period_s: float | None
     duty_cycle: float | None
     """Mean of the driver samples: share of time a kernel ran."""
+    recent_duty: float | None
+    """The same over the window's last quarter: what the GPU does now."""
     p5: float | None
     p95: float | None
     gap_share: float | None
@@ -38,6 +41,8 @@ class Evidence:
     bursts_per_s: float | None
     mean_burst_s: float | None
     mean_gap_s: float | None
+    bursty_quarters: int
+    """How many of the window's four quarters hold both bursts and gaps."""
     gap_cv: float | None
     """Regularity of the gaps: standard deviation / mean of gap lengths (low: regular, as a
     CPU-bound loader; high: irregular, as storage stalls). None with fewer than two gaps."""
@@ -97,6 +102,19 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _bursty_quarters(values: list[float], th: Thresholds) -> int:
+    n = len(values)
+    count = 0
+    for q in range(4):
+        part = values[q * n // 4 : (q + 1) * n // 4]
+        if len(part) < 2:
+            continue
+        lo, hi = min(part), max(part)
+        if lo <= th.burst_low_util and hi - lo >= th.bursty_spread:
+            count += 1
+    return count
+
+
 def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[ProcessCpu]]:
     """Per host sample, the entries for this GPU's processes."""
     wanted = set(pids)
@@ -111,18 +129,23 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     values = [p.util_ratio for p in pts]
     period = None
     if len(pts) >= 2:
-        period = statistics.median(b.t_s - a.t_s for a, b in zip(pts, pts[1:]))
+        period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(pts))
     duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
+    bursty_quarters = 0
+    recent_duty = None
     if values:
+        bursty_quarters = _bursty_quarters(values, th)
         ordered = sorted(values)
         duty = sum(values) / len(values)
+        tail = values[len(values) * 3 // 4 :] or values[-1:]
+        recent_duty = sum(tail) / len(tail)
         p5, p95 = _percentile(ordered, 0.05), _percentile(ordered, 0.95)
         flags = [v <= th.gap_util for v in values]
         gap_share = sum(flags) / len(flags)
         gaps, bursts = _runs(flags)
         if period:
             span = max(period * len(values), 1e-9)
-            starts = sum(1 for a, b in zip(flags, flags[1:]) if a and not b)
+            starts = sum(1 for a, b in itertools.pairwise(flags) if a and not b)
             bursts_per_s = starts / span
             mean_burst = _mean([n * period for n in bursts])
             mean_gap = _mean([n * period for n in gaps])
@@ -130,8 +153,9 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
                 lengths = [n * period for n in gaps]
                 gap_cv = statistics.pstdev(lengths) / statistics.fmean(lengths)
 
-    ratios = [s.power_w / s.power_limit_w for s in window.samples
-              if s.power_w is not None and s.power_limit_w]
+    ratios = [
+        s.power_w / s.power_limit_w for s in window.samples if s.power_w is not None and s.power_limit_w
+    ]
     gpu = window.gpu
     pids = tuple(sorted(p.pid for p in gpu.processes))
     per_host = _job_processes(window, pids)
@@ -146,18 +170,23 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     def host_avg(attr: str) -> float | None:
         return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
 
-    reads = [sum(p.read_bytes_per_s for p in procs) for procs in seen
-             if all(p.read_bytes_per_s is not None for p in procs)]
+    reads = [
+        sum(p.read_bytes_per_s for p in procs)
+        for procs in seen
+        if all(p.read_bytes_per_s is not None for p in procs)
+    ]
     return Evidence(
         points=len(values),
         period_s=period,
         duty_cycle=duty,
+        recent_duty=recent_duty,
         p5=p5,
         p95=p95,
         gap_share=gap_share,
         bursts_per_s=bursts_per_s,
         mean_burst_s=mean_burst,
         mean_gap_s=mean_gap,
+        bursty_quarters=bursty_quarters,
         gap_cv=gap_cv,
         power_ratio=_mean(ratios),
         has_job=bool(pids),

@@ -133,9 +133,20 @@ class StarvationDetector:
         self._account(t, ev)
         op = self._open
         confidence = raw.confidence if key == (op.state, op.cause) else round(raw.confidence * 0.5, 3)
-        return Verdict(t_s=t, index=window.gpu.index, uuid=window.gpu.uuid, name=window.gpu.name,
-                       state=op.state, cause=op.cause, confidence=confidence, since_s=op.start_s,
-                       reason=op.reason, evidence=ev, raw=raw, wasted_gpu_s=round(self.wasted_gpu_s, 3))
+        return Verdict(
+            t_s=t,
+            index=window.gpu.index,
+            uuid=window.gpu.uuid,
+            name=window.gpu.name,
+            state=op.state,
+            cause=op.cause,
+            confidence=confidence,
+            since_s=op.start_s,
+            reason=op.reason,
+            evidence=ev,
+            raw=raw,
+            wasted_gpu_s=round(self.wasted_gpu_s, 3),
+        )
 
     def _switch(self, key: tuple[str, str | None], since: float, reason: str) -> None:
         old = self._open
@@ -161,10 +172,18 @@ class StarvationDetector:
                 op.worst_duty, op.worst = ev.duty_cycle, ev.as_dict()
 
     def _as_episode(self, op: _Open, end: float | None) -> Episode:
-        return Episode(index=self._index, uuid=self._uuid, state=op.state, cause=op.cause,
-                       start_s=op.start_s, end_s=end, wasted_gpu_s=round(op.wasted_gpu_s, 3),
-                       mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
-                       worst=op.worst, reason=op.reason)
+        return Episode(
+            index=self._index,
+            uuid=self._uuid,
+            state=op.state,
+            cause=op.cause,
+            start_s=op.start_s,
+            end_s=end,
+            wasted_gpu_s=round(op.wasted_gpu_s, 3),
+            mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
+            worst=op.worst,
+            reason=op.reason,
+        )
 
     def close(self, t_s: float) -> list[Episode]:
         """End of input: the open episode ends now; returns every episode kept."""

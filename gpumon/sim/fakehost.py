@@ -69,10 +69,15 @@ class FakeHost:
             def jitter(key: int, index: int = gpu.index) -> float:
                 return 1 + self.fleet.noise * unit_noise(self.fleet.seed, index, slot, key)
 
-            cpu[gpu.pid] = min(1.0, ph.main_cpu * jitter(0))
+            def load(cores: float, key: int, index: int = gpu.index) -> float:
+                if cores >= 0.9:  # a saturated thread reads 95-100% of its core, never much less
+                    return min(1.0, cores) - 0.04 * abs(unit_noise(self.fleet.seed, index, slot, key))
+                return min(1.0, cores * jitter(key))
+
+            cpu[gpu.pid] = load(ph.main_cpu, 0)
             workers = gpu.worker_pids(t)
             for n, pid in enumerate(workers):
-                cpu[pid] = min(1.0, ph.worker_cpu * jitter(n + 1))
+                cpu[pid] = load(ph.worker_cpu, n + 1)
             readers = workers or [gpu.pid]
             for pid in readers:
                 read[pid] = ph.read_bytes_per_s * jitter(99) / len(readers)

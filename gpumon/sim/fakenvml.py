@@ -26,8 +26,13 @@ NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 
 _MESSAGES = {
-    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 6: "Not Found",
-    9: "Driver Not Loaded", 12: "NVML Shared Library Not Found", 15: "GPU is lost",
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    12: "NVML Shared Library Not Found",
+    15: "GPU is lost",
     999: "Unknown Error",
 }
 
@@ -135,8 +140,14 @@ class FakeNvml:
         if not h.phase(t).has_job:
             return []
         reserved = 512 * 1024 * 1024
-        return [SimpleNamespace(pid=h.pid, usedGpuMemory=max(0, h.mem_used_bytes(t) - reserved),
-                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)]
+        return [
+            SimpleNamespace(
+                pid=h.pid,
+                usedGpuMemory=max(0, h.mem_used_bytes(t) - reserved),
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+        ]
 
     def nvmlDeviceGetSamples(self, h: SimGpu, sampling_type: int, last_seen_us: int) -> Any:
         t = self._check("nvmlDeviceGetSamples", h)

@@ -43,8 +43,9 @@ class GpuModel:
 
 
 class SimGpu:
-    def __init__(self, index: int, scenario: Scenario, seed: int, period_s: float,
-                 model: GpuModel = GpuModel()) -> None:
+    def __init__(
+        self, index: int, scenario: Scenario, seed: int, period_s: float, model: GpuModel = GpuModel()
+    ) -> None:
         self.index = index
         self.scenario = scenario
         self.seed = seed
@@ -178,15 +179,20 @@ def _uuid_body(seed: int, index: int) -> str:
 class Fleet:
     """N simulated GPUs on one simulated host, read through `nvml()` and `psutil()` look-alikes."""
 
-    def __init__(self, scenarios: list[Scenario], gpus: int | None, seed: int, clock: Clock,
-                 sample_period_s: float = 1 / 6, noise: float = 0.05) -> None:
+    def __init__(
+        self,
+        scenarios: list[Scenario],
+        gpus: int | None,
+        seed: int,
+        clock: Clock,
+        sample_period_s: float = 1 / 6,
+        noise: float = 0.05,
+    ) -> None:
         n = len(scenarios) if gpus is None else gpus
         if n < 1 or n > 1024:
             raise UsageError(f"--gpus: must be between 1 and 1024, got {n}")
         if n < len(scenarios):
-            raise UsageError(
-                f"--gpus {n} is fewer than the {len(scenarios)} scenarios given to --simulate"
-            )
+            raise UsageError(f"--gpus {n} is fewer than the {len(scenarios)} scenarios given to --simulate")
         if not MIN_PERIOD_S - 1e-9 <= sample_period_s <= MAX_PERIOD_S:
             raise UsageError(
                 f"--sample-period: must be between 1/6 s and 1 s (NVML's range), got {sample_period_s:g}"

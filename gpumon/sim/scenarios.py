@@ -75,25 +75,74 @@ class Scenario:
 
 HEALTHY = Phase()
 STARVED_CPU = Phase(
-    compute_s=0.06, wait_s=0.19, jitter=0.12, main_cpu=0.98, workers=2, worker_cpu=0.99,
+    compute_s=0.06,
+    wait_s=0.19,
+    jitter=0.12,
+    main_cpu=0.98,
+    workers=2,
+    worker_cpu=0.99,
     read_bytes_per_s=5e6,
 )
 STARVED_IO = Phase(
-    compute_s=0.06, wait_s=0.08, jitter=0.4, long_gap_p=0.3, main_cpu=0.15, workers=4,
-    worker_cpu=0.06, iowait=0.3, read_bytes_per_s=420e6,
+    compute_s=0.06,
+    wait_s=0.08,
+    jitter=0.4,
+    long_gap_p=0.3,
+    main_cpu=0.15,
+    workers=4,
+    worker_cpu=0.06,
+    iowait=0.3,
+    read_bytes_per_s=420e6,
 )
 STARVED_HOST = Phase(
-    compute_s=0.06, wait_s=0.3, jitter=0.5, main_cpu=0.3, workers=4, worker_cpu=0.05,
+    compute_s=0.06,
+    wait_s=0.3,
+    jitter=0.5,
+    main_cpu=0.3,
+    workers=4,
+    worker_cpu=0.05,
     read_bytes_per_s=0.0,
 )
-IDLE = Phase(has_job=False, stepped=False, duty=0.0, power_idle_ratio=0.08, mem_used_ratio=0.006,
-             main_cpu=0.0, workers=0, worker_cpu=0.0, iowait=0.0, read_bytes_per_s=0.0)
-STALLED = Phase(stepped=False, duty=0.0, power_idle_ratio=0.12, main_cpu=0.01, worker_cpu=0.0,
-                iowait=0.0, read_bytes_per_s=0.0)
-SYNC_STALL = Phase(stepped=False, duty=1.0, power_idle_ratio=0.14, power_busy_ratio=0.16,
-                   main_cpu=0.35, worker_cpu=0.02, iowait=0.0, read_bytes_per_s=0.0)
-UNDERUTILIZED = Phase(stepped=False, duty=0.35, power_busy_ratio=0.6, main_cpu=0.5, workers=2,
-                      worker_cpu=0.15, read_bytes_per_s=2e6)
+IDLE = Phase(
+    has_job=False,
+    stepped=False,
+    duty=0.0,
+    power_idle_ratio=0.08,
+    mem_used_ratio=0.006,
+    main_cpu=0.0,
+    workers=0,
+    worker_cpu=0.0,
+    iowait=0.0,
+    read_bytes_per_s=0.0,
+)
+STALLED = Phase(
+    stepped=False,
+    duty=0.0,
+    power_idle_ratio=0.12,
+    main_cpu=0.01,
+    worker_cpu=0.0,
+    iowait=0.0,
+    read_bytes_per_s=0.0,
+)
+SYNC_STALL = Phase(
+    stepped=False,
+    duty=1.0,
+    power_idle_ratio=0.14,
+    power_busy_ratio=0.16,
+    main_cpu=0.35,
+    worker_cpu=0.02,
+    iowait=0.0,
+    read_bytes_per_s=0.0,
+)
+UNDERUTILIZED = Phase(
+    stepped=False,
+    duty=0.35,
+    power_busy_ratio=0.6,
+    main_cpu=0.5,
+    workers=2,
+    worker_cpu=0.15,
+    read_bytes_per_s=2e6,
+)
 
 SWITCH_S = 30.0
 """When `healthy-then-starved` turns starved, in seconds from the start of the run."""
@@ -106,21 +155,46 @@ def _one(name: str, summary: str, phase: Phase, state: str) -> Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        _one("healthy", "fed training: ~96% busy in 90 ms steps, short regular input waits",
-             HEALTHY, "healthy"),
-        _one("starved-cpu", "CPU-bound input pipeline: 60 ms bursts, 190 ms gaps, feeders pinned",
-             STARVED_CPU, "starved-cpu"),
-        _one("starved-io", "storage-bound input: bursts between irregular gaps, iowait and disk reads",
-             STARVED_IO, "starved-io"),
-        _one("starved-host", "bursts and gaps with quiet CPU and disks: input from the network or a "
-             "remote service", STARVED_HOST, "starved-host"),
+        _one(
+            "healthy", "fed training: ~96% busy in 90 ms steps, short regular input waits", HEALTHY, "healthy"
+        ),
+        _one(
+            "starved-cpu",
+            "CPU-bound input pipeline: 60 ms bursts, 190 ms gaps, feeders pinned",
+            STARVED_CPU,
+            "starved-cpu",
+        ),
+        _one(
+            "starved-io",
+            "storage-bound input: bursts between irregular gaps, iowait and disk reads",
+            STARVED_IO,
+            "starved-io",
+        ),
+        _one(
+            "starved-host",
+            "bursts and gaps with quiet CPU and disks: input from the network or a remote service",
+            STARVED_HOST,
+            "starved-host",
+        ),
         _one("idle", "no job on the GPU: nothing runs, idle power, no processes", IDLE, "idle"),
-        _one("stalled", "a job holds GPU memory but nothing runs and its CPU is quiet (hang)",
-             STALLED, "stalled"),
-        _one("sync-stall", "ranks spinning in a collective: ~100% utilization at idle-level power",
-             SYNC_STALL, "sync-stall"),
-        _one("underutilized", "steady, gap-free ~35% use: batch or model too small for the GPU",
-             UNDERUTILIZED, "underutilized"),
+        _one(
+            "stalled",
+            "a job holds GPU memory but nothing runs and its CPU is quiet (hang)",
+            STALLED,
+            "stalled",
+        ),
+        _one(
+            "sync-stall",
+            "ranks spinning in a collective: ~100% utilization at idle-level power",
+            SYNC_STALL,
+            "sync-stall",
+        ),
+        _one(
+            "underutilized",
+            "steady, gap-free ~35% use: batch or model too small for the GPU",
+            UNDERUTILIZED,
+            "underutilized",
+        ),
     )
 }
 SCENARIOS["healthy-then-starved"] = replace(

@@ -44,8 +44,11 @@ def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
         return OpenedSources(
             gpu=replay,
             host=ReplayHost(replay),
-            description={"kind": "replay", "file": opts.replay,
-                         "recorded_from": trace.header.get("source", {})},
+            description={
+                "kind": "replay",
+                "file": opts.replay,
+                "recorded_from": trace.header.get("source", {}),
+            },
             exhausted=lambda: replay.exhausted,
         )
 
@@ -61,9 +64,13 @@ def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
         return OpenedSources(
             gpu=nvml,
             host=HostSource(fleet.psutil()),
-            description={"kind": "simulated", "scenarios": fleet.scenario_names,
-                         "gpus": len(fleet.gpus), "seed": opts.seed,
-                         "sample_period_s": round(opts.sample_period_s, 6)},
+            description={
+                "kind": "simulated",
+                "scenarios": fleet.scenario_names,
+                "gpus": len(fleet.gpus),
+                "seed": opts.seed,
+                "sample_period_s": round(opts.sample_period_s, 6),
+            },
             close=nvml.close,
         )
 
@@ -72,5 +79,6 @@ def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
 
     nvml = NvmlSource(load_pynvml())
     nvml.open()  # NoDriverError, with its one-line hint, when there is no driver
-    return OpenedSources(gpu=nvml, host=HostSource(load_psutil()),
-                         description={"kind": "nvml"}, close=nvml.close)
+    return OpenedSources(
+        gpu=nvml, host=HostSource(load_psutil()), description={"kind": "nvml"}, close=nvml.close
+    )

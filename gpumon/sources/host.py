@@ -106,8 +106,12 @@ def _cpu_s(proc: Any) -> float:
 class HostSource:
     name = "host"
 
-    def __init__(self, psutil: ModuleType | Any, problems: Problems | None = None,
-                 children_rescan_s: float = CHILDREN_RESCAN_S) -> None:
+    def __init__(
+        self,
+        psutil: ModuleType | Any,
+        problems: Problems | None = None,
+        children_rescan_s: float = CHILDREN_RESCAN_S,
+    ) -> None:
         self._ps = psutil
         self._rescan_s = children_rescan_s
         self._problems = problems or Problems(log)

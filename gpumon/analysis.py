@@ -1,0 +1,276 @@
+"""`gpumon analyze`: run a recorded trace through the sampler and detector, and report.
+
+The trace is replayed through the same Sampler and DetectorSink as a live run, on a virtual clock
+aligned with the trace's own times, so an offline verdict is the one the daemon would have given.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.clock import VirtualClock
+from gpumon.detector.config import Thresholds
+from gpumon.detector.tracker import Episode, Verdict
+from gpumon.live import DetectorSink
+from gpumon.model import Tick
+from gpumon.sampler import Sampler
+from gpumon.sources.replay import ReplayHost, ReplaySource
+from gpumon.trace import Trace, read_trace
+
+SCHEMA = "gpumon-analysis/1"
+
+SUGGESTIONS = {
+    "starved-cpu": "the input pipeline is CPU-bound: preprocess in more worker processes "
+    "(Keras: PyDataset(workers=N, use_multiprocessing=True); PyTorch: "
+    "DataLoader(num_workers=N)), cache decoded samples, or move augmentation to the GPU",
+    "starved-io": "input waits on storage: copy the dataset to local SSD or page cache, read fewer "
+    "larger files (sharded records), and prefetch with more I/O threads "
+    "(PyDataset workers without multiprocessing help here)",
+    "starved-host": "the GPU waits on the host but neither CPU nor disks are saturated: look at "
+    "network or remote data sources, and host-side work between steps "
+    "(synchronous logging, .item()/.numpy() calls, checkpoints)",
+    "stalled": "a process holds the GPU but runs nothing: check for a hang "
+    "(py-spy dump --pid PID), a deadlocked data loader, or a rank waiting for a peer",
+    "sync-stall": "kernels spin at idle power: ranks wait in collectives for a straggler; compare "
+    "per-rank step times and balance the input across ranks",
+    "underutilized": "steady low use without gaps: the work is too small for the GPU; raise the "
+    "batch size (a multiple of the GPU count), use mixed precision, or share the GPU",
+    "idle": "no job on the GPU: release it or schedule work",
+}
+
+
+@dataclass
+class GpuReport:
+    index: int
+    uuid: str
+    name: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    episodes: list[Episode] = field(default_factory=list)
+    seconds_by_label: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    wasted_gpu_s: float = 0.0
+
+    @property
+    def observed_s(self) -> float:
+        return sum(self.seconds_by_label.values())
+
+    @property
+    def worst_episode(self) -> Episode | None:
+        wasteful = [e for e in self.episodes if e.wasted_gpu_s > 0]
+        return max(wasteful, key=lambda e: e.wasted_gpu_s, default=None)
+
+    @property
+    def main_label(self) -> str:
+        """The label with the most time, ignoring `unknown` when anything else was seen."""
+        known = {k: v for k, v in self.seconds_by_label.items() if k != "unknown" and v > 0}
+        pool = known or dict(self.seconds_by_label)
+        return max(pool, key=lambda k: pool[k]) if pool else "unknown"
+
+    @property
+    def suggestion(self) -> str | None:
+        worst = self.worst_episode
+        label = worst.label if worst else self.main_label
+        return SUGGESTIONS.get(label)
+
+
+@dataclass
+class Analysis:
+    trace: Trace
+    thresholds: Thresholds
+    gpus: list[GpuReport]
+    host: list[tuple[float, float, float | None, float]]
+    """(t_s, cpu_ratio, iowait_ratio, busiest_core_ratio) per tick with a host sample."""
+
+    @property
+    def wasted_gpu_s(self) -> float:
+        return sum(g.wasted_gpu_s for g in self.gpus)
+
+
+def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysis:
+    th = thresholds or Thresholds()
+    if isinstance(trace, str):
+        trace = read_trace(trace)
+    interval = trace.header.get("interval_s")
+    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    t0 = trace.ticks[0].t_s if trace.ticks else 0.0
+    clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
+    replay = ReplaySource(trace)
+    sampler = Sampler(
+        replay, ReplayHost(replay), clock, interval_s=interval, window_s=max(30.0, 2 * th.window_s)
+    )
+    sink = DetectorSink(sampler, th)
+    sampler.on_tick.append(sink)
+    reports: dict[tuple[int, str], GpuReport] = {}
+    host: list[tuple[float, float, float | None, float]] = []
+    last_t: dict[tuple[int, str], float] = {}
+
+    def collect(tick: Tick, verdicts: list[Verdict]) -> None:
+        if tick.host is not None:
+            h = tick.host
+            host.append((tick.t_s, h.cpu_ratio, h.iowait_ratio, h.busiest_core_ratio))
+        for v in verdicts:
+            key = (v.index, v.uuid)
+            rep = reports.get(key)
+            if rep is None:
+                rep = reports[key] = GpuReport(v.index, v.uuid, v.name)
+            prev = last_t.get(key)
+            dt = min(v.t_s - prev, th.window_s) if prev is not None else interval
+            last_t[key] = v.t_s
+            rep.verdicts.append(v)
+            rep.seconds_by_label[v.label] += dt
+
+    sink.on_verdicts.append(collect)
+    sampler.run(exhausted=lambda: replay.exhausted)
+    end = trace.ticks[-1].t_s if trace.ticks else t0
+    for key, det in sink.fleet.gpus.items():
+        rep = reports.get(key)
+        if rep is not None:
+            rep.episodes = det.close(end)
+            rep.wasted_gpu_s = det.wasted_gpu_s
+    gpus = sorted(reports.values(), key=lambda r: (r.index, r.uuid))
+    return Analysis(trace=trace, thresholds=th, gpus=gpus, host=host)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _describe_source(header: dict[str, Any]) -> str:
+    src = header.get("source") or {}
+    kind = src.get("kind")
+    if kind == "simulated":
+        names = sorted(set(src.get("scenarios") or []))
+        return f"simulated: {', '.join(names)}"
+    if kind == "replay":
+        return f"replay of {src.get('file')}"
+    return "NVML" if kind == "nvml" else "unknown source"
+
+
+def _fmt_evidence(e: dict[str, Any]) -> str:
+    def pct(key: str) -> str:
+        v = e.get(key)
+        return "n/a" if v is None else f"{v:.0%}"
+
+    def ms(key: str) -> str:
+        v = e.get(key)
+        return "n/a" if v is None else f"{v * 1000:.0f} ms"
+
+    parts = [f"duty {pct('duty_cycle')}", f"p5/p95 {pct('p5')}/{pct('p95')}"]
+    if e.get("bursts_per_s") is not None:
+        parts.append(f"{e['bursts_per_s']:.1f} bursts/s seen")
+    if e.get("mean_burst_s") is not None or e.get("mean_gap_s") is not None:
+        reg = ""
+        if e.get("gap_cv") is not None:
+            reg = f", {'regular' if e['gap_cv'] < 0.5 else 'irregular'} gaps (cv {e['gap_cv']:.2f})"
+        res = f" at {e['period_s'] * 1000:.0f} ms resolution" if e.get("period_s") else ""
+        parts.append(f"busy runs {ms('mean_burst_s')}, empty runs {ms('mean_gap_s')}{res}{reg}")
+    if e.get("main_cpu_cores") is not None:
+        parts.append(
+            f"job CPU: main {e['main_cpu_cores']:.0%} of a core, busiest loader "
+            f"{(e.get('busiest_child_cpu_cores') or 0):.0%}, {e.get('loader_workers') or 0} workers"
+        )
+    if e.get("busiest_core_ratio") is not None:
+        parts.append(f"busiest core {pct('busiest_core_ratio')}")
+    if e.get("iowait_ratio") is not None:
+        parts.append(f"iowait {pct('iowait_ratio')}")
+    if e.get("job_read_bytes_per_s") is not None:
+        parts.append(f"job reads {e['job_read_bytes_per_s'] / 1e6:.0f} MB/s")
+    elif e.get("disk_read_bytes_per_s") is not None:
+        parts.append(f"disk reads {e['disk_read_bytes_per_s'] / 1e6:.0f} MB/s")
+    if e.get("power_ratio") is not None:
+        parts.append(f"power {pct('power_ratio')} of limit")
+    return ", ".join(parts)
+
+
+def render_text(a: Analysis) -> str:
+    tr = a.trace
+    lines = [
+        f"gpumon analyze {tr.path}: {len(a.gpus)} GPU(s), {tr.duration_s:.0f} s "
+        f"({_describe_source(tr.header)})",
+    ]
+    starved = [g for g in a.gpus if g.main_label.startswith("starved")]
+    lines.append(
+        f"fleet: {len(starved)} of {len(a.gpus)} GPU(s) mostly starved; "
+        f"{a.wasted_gpu_s / 3600:.3f} GPU-hours wasted ({a.wasted_gpu_s:.0f} GPU-s)"
+    )
+    for g in a.gpus:
+        total = g.observed_s or 1.0
+        lines.append("")
+        lines.append(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}")
+        lines.append(f"  verdict: {g.main_label.upper()}")
+        shares = sorted(g.seconds_by_label.items(), key=lambda kv: -kv[1])
+        lines.append(
+            "  time:    " + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in shares if v > 0)
+        )
+        lines.append(f"  wasted:  {g.wasted_gpu_s / 3600:.4f} GPU-hours ({g.wasted_gpu_s:.0f} GPU-s)")
+        shown = [e for e in g.episodes if e.state != "unknown"]
+        lines.append(f"  episodes ({len(shown)}):")
+        for e in shown[:8]:
+            end = e.end_s if e.end_s is not None else tr.ticks[-1].t_s
+            duty = f", mean duty {e.mean_duty:.0%}" if e.mean_duty is not None else ""
+            lines.append(
+                f"    {e.start_s:8.1f} - {end:8.1f} s  {e.label:<14} ({end - e.start_s:.0f} s{duty}, "
+                f"wasted {e.wasted_gpu_s:.0f} GPU-s)"
+            )
+        if len(shown) > 8:
+            lines.append(f"    ... {len(shown) - 8} more (--json lists them all)")
+        worst = g.worst_episode
+        if worst is not None and worst.worst is not None:
+            lines.append(f"  worst:   {worst.label} from {worst.start_s:.0f} s: {worst.reason}")
+            lines.append(f"           evidence: {_fmt_evidence(worst.worst)}")
+        if g.suggestion:
+            lines.append(f"  suggest: {g.suggestion}")
+    for w in tr.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def to_json(a: Analysis) -> dict[str, Any]:
+    def episode(e: Episode) -> dict[str, Any]:
+        return {
+            "state": e.state,
+            "cause": e.cause,
+            "label": e.label,
+            "start_s": e.start_s,
+            "end_s": e.end_s,
+            "wasted_gpu_s": e.wasted_gpu_s,
+            "mean_duty": e.mean_duty,
+            "reason": e.reason,
+            "worst_evidence": e.worst,
+        }
+
+    return {
+        "schema": SCHEMA,
+        "trace": a.trace.path,
+        "source": a.trace.header.get("source"),
+        "duration_s": round(a.trace.duration_s, 3),
+        "thresholds": {k: getattr(a.thresholds, k) for k in a.thresholds.__slots__},
+        "wasted_gpu_s": round(a.wasted_gpu_s, 3),
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "verdict": g.main_label,
+                "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
+                "wasted_gpu_s": round(g.wasted_gpu_s, 3),
+                "suggestion": g.suggestion,
+                "episodes": [episode(e) for e in g.episodes],
+                "verdicts": [
+                    {
+                        "t_s": v.t_s,
+                        "state": v.state,
+                        "cause": v.cause,
+                        "confidence": v.confidence,
+                        "raw": v.raw.label,
+                        "duty_cycle": None
+                        if v.evidence.duty_cycle is None
+                        else round(v.evidence.duty_cycle, 4),
+                    }
+                    for v in g.verdicts
+                ],
+            }
+            for g in a.gpus
+        ],
+        "warnings": a.trace.warnings,
+    }
