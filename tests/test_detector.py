@@ -1,0 +1,289 @@
+"""The detector: classification rules and precedence, evidence arithmetic, hysteresis, episodes,
+wasted GPU-seconds. Pure code, so tables of inputs drive it directly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpumon.detector.classify import classify
+from gpumon.detector.config import Thresholds
+from gpumon.detector.evidence import Evidence, GpuWindow, gather
+from gpumon.detector.tracker import MAX_EPISODES_KEPT, StarvationDetector, waste_share
+from gpumon.model import GpuProcess, GpuSample, HostSample, ProcessCpu, UtilPoint
+
+TH = Thresholds()
+
+BASE = Evidence(
+    points=48,
+    period_s=1 / 6,
+    duty_cycle=0.3,
+    recent_duty=0.3,
+    p5=0.25,
+    p95=0.35,
+    gap_share=0.0,
+    bursts_per_s=0.0,
+    mean_burst_s=8.0,
+    mean_gap_s=None,
+    bursty_quarters=0,
+    gap_cv=None,
+    power_ratio=0.4,
+    has_job=True,
+    pids=(100,),
+    job_seen_on_host=True,
+    job_cpu_cores=1.0,
+    main_cpu_cores=0.5,
+    busiest_child_cpu_cores=0.2,
+    loader_workers=4,
+    job_read_bytes_per_s=1e6,
+    host_cpu_ratio=0.2,
+    busiest_core_ratio=0.5,
+    iowait_ratio=0.0,
+    disk_read_bytes_per_s=1e6,
+)
+
+
+def ev(**kw) -> Evidence:
+    return replace(BASE, **kw)
+
+
+@pytest.mark.parametrize(
+    "evidence,current,expected",
+    [
+        (ev(points=2), None, "unknown"),
+        (ev(has_job=False, pids=(), duty_cycle=0.0, recent_duty=0.0), None, "idle"),
+        # a job that just ended: idle now, although the window still holds its work
+        (ev(has_job=False, pids=(), duty_cycle=0.5, recent_duty=0.0), None, "idle"),
+        # kernels run but no process is listed (another PID namespace): not idle
+        (
+            ev(has_job=False, pids=(), job_seen_on_host=False, duty_cycle=0.97, recent_duty=0.97),
+            None,
+            "healthy",
+        ),
+        (ev(duty_cycle=0.0, recent_duty=0.0), None, "stalled"),
+        (ev(duty_cycle=1.0, power_ratio=0.15), None, "sync-stall"),
+        (ev(duty_cycle=1.0, power_ratio=0.8), None, "healthy"),
+        (ev(duty_cycle=1.0, power_ratio=None), None, "healthy"),  # no power reading: no sync verdict
+        (ev(duty_cycle=0.3, busiest_child_cpu_cores=0.99), None, "starved-cpu"),
+        (ev(duty_cycle=0.3, main_cpu_cores=0.97), None, "starved-cpu"),  # the GIL: one feeder thread
+        (ev(duty_cycle=0.3, host_cpu_ratio=0.95), None, "starved-cpu"),  # no core left at all
+        (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6), None, "starved-io"),
+        # both: a pinned process is the more specific evidence
+        (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6, main_cpu_cores=0.99), None, "starved-cpu"),
+        # both, but the CPU is busy host-wide rather than in the job: the job's reads decide
+        (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6, host_cpu_ratio=0.95), None, "starved-io"),
+        (ev(duty_cycle=0.3, bursty_quarters=3), None, "starved-host"),
+        (ev(duty_cycle=0.3, bursty_quarters=1), None, "underutilized"),  # a change, not bursts
+        (ev(duty_cycle=0.3), None, "underutilized"),
+        # the job's own reads are known and low: a neighbour's iowait is not its cause
+        (ev(duty_cycle=0.3, iowait_ratio=0.5, disk_read_bytes_per_s=900e6), None, "underutilized"),
+        # its processes are invisible to the host: host-wide signals stand in for them
+        (
+            ev(
+                duty_cycle=0.3,
+                job_seen_on_host=False,
+                job_read_bytes_per_s=None,
+                main_cpu_cores=None,
+                busiest_child_cpu_cores=None,
+                iowait_ratio=0.3,
+            ),
+            None,
+            "starved-io",
+        ),
+        (
+            ev(
+                duty_cycle=0.3,
+                job_seen_on_host=False,
+                job_read_bytes_per_s=None,
+                main_cpu_cores=None,
+                busiest_child_cpu_cores=None,
+                busiest_core_ratio=1.0,
+            ),
+            None,
+            "starved-cpu",
+        ),
+        # no process at all: nothing on the host is this GPU's doing
+        (
+            ev(
+                duty_cycle=0.3,
+                recent_duty=0.3,
+                has_job=False,
+                pids=(),
+                job_seen_on_host=False,
+                job_read_bytes_per_s=None,
+                iowait_ratio=0.5,
+            ),
+            None,
+            "underutilized",
+        ),
+        # hysteresis: 0.78 stays healthy once healthy, and is not healthy coming from below
+        (ev(duty_cycle=0.78), "healthy", "healthy"),
+        (ev(duty_cycle=0.78), "underutilized", "underutilized"),
+        (ev(duty_cycle=0.83), "underutilized", "underutilized"),
+        (ev(duty_cycle=0.86), "underutilized", "healthy"),
+    ],
+)
+def test_classification_rules_and_precedence(evidence: Evidence, current: str | None, expected: str) -> None:
+    got = classify(evidence, TH, current)
+    assert got.label == expected, got.reason
+    assert got.reason and "\n" not in got.reason
+
+
+def test_unavailable_gpu_is_unknown_whatever_its_last_readings() -> None:
+    assert classify(ev(duty_cycle=0.97), TH, "healthy", available=False).state == "unknown"
+
+
+def test_confidence_grows_with_the_margin_and_a_full_window() -> None:
+    near = classify(ev(duty_cycle=0.7, main_cpu_cores=0.99), TH, None)
+    far = classify(ev(duty_cycle=0.2, main_cpu_cores=0.99), TH, None)
+    assert 0.5 <= near.confidence < far.confidence <= 1.0
+    half = classify(ev(duty_cycle=0.2, main_cpu_cores=0.99), TH, None, expected_points=96)
+    assert half.confidence == pytest.approx(far.confidence / 2)
+
+
+def test_thresholds_are_configurable() -> None:
+    e = ev(duty_cycle=0.82)
+    assert classify(e, TH, None).label == "underutilized"
+    assert classify(e, Thresholds(fed_duty=0.7), None).label == "healthy"
+    with pytest.raises(ValueError, match="fed_duty"):
+        Thresholds(fed_duty=1.5)
+
+
+# -- evidence -------------------------------------------------------------------------------------
+
+
+def window(
+    values: list[float],
+    period: float = 1 / 6,
+    power: float | None = 0.5,
+    procs: tuple[ProcessCpu, ...] = (),
+    pids: tuple[int, ...] = (100,),
+) -> GpuWindow:
+    t_end = len(values) * period
+    pts = tuple(UtilPoint(round((i + 1) * period, 6), v) for i, v in enumerate(values))
+    gpu = GpuSample(
+        t_s=t_end,
+        index=0,
+        uuid="GPU-t",
+        name="t",
+        util_ratio=values[-1],
+        power_w=None if power is None else power * 700,
+        power_limit_w=700.0,
+        processes=tuple(GpuProcess(p, None) for p in pids),
+    )
+    host = HostSample(t_end, 8, 0.2, 0.5, 0.01, 1.0, 1e6, procs)
+    return GpuWindow(t_s=t_end, gpu=gpu, samples=(gpu,), points=pts, hosts=(host,))
+
+
+def test_evidence_of_a_regular_burst_gap_pattern() -> None:
+    # 1 sample busy, 3 empty, repeated: 25% duty, one burst per 4/6 s, regular gaps of 0.5 s
+    e = gather(window([1.0, 0.0, 0.0, 0.0] * 12), TH)
+    assert e.duty_cycle == pytest.approx(0.25)
+    assert e.p5 == 0.0 and e.p95 == 1.0
+    assert e.gap_share == pytest.approx(0.75)
+    assert e.mean_burst_s == pytest.approx(1 / 6, rel=1e-4) and e.mean_gap_s == pytest.approx(0.5, rel=1e-4)
+    assert e.gap_cv == pytest.approx(0.0)
+    assert e.bursts_per_s == pytest.approx(11 / 8, rel=0.01)
+    assert e.bursty_quarters == 4
+    assert e.power_ratio == pytest.approx(0.5)
+
+
+def test_a_step_change_is_not_bursts() -> None:
+    e = gather(window([0.96] * 24 + [0.0] * 24), TH)
+    assert e.bursty_quarters <= 1 and e.recent_duty == pytest.approx(0.0)
+
+
+def test_without_sub_second_history_tick_readings_stand_in() -> None:
+    w = window([0.5])
+    samples = tuple(replace(w.gpu, t_s=float(t), util_ratio=0.2 + 0.1 * (t % 2)) for t in range(8))
+    e = gather(replace(w, points=(), samples=samples), TH)
+    assert e.points == 8 and e.duty_cycle == pytest.approx(0.25)
+
+
+def test_job_cpu_comes_from_the_gpus_own_processes_only() -> None:
+    mine = ProcessCpu(100, "python", 0.4, 2.0, 0.99, 2, 3e6)
+    other = ProcessCpu(200, "python", 1.0, 0.0, 0.0, 0, 900e6)
+    e = gather(window([0.3] * 48, procs=(mine, other)), TH)
+    assert e.job_seen_on_host and e.main_cpu_cores == pytest.approx(0.4)
+    assert e.busiest_child_cpu_cores == pytest.approx(0.99) and e.job_cpu_cores == pytest.approx(2.4)
+    assert e.job_read_bytes_per_s == pytest.approx(3e6) and e.loader_workers == 2
+
+
+def test_hidden_reads_are_unknown_not_zero() -> None:
+    mine = ProcessCpu(100, "python", 0.4, 0.1, 0.1, 1, None)
+    assert gather(window([0.3] * 48, procs=(mine,)), TH).job_read_bytes_per_s is None
+
+
+# -- hysteresis, episodes, waste ----------------------------------------------------------------
+
+
+def feed_constant(det: StarvationDetector, evidence_duty: list[float], t0: float = 0.0, **procs_kw):
+    out = []
+    for k, d in enumerate(evidence_duty):
+        w = window([d] * 48)
+        t = t0 + k + 1.0
+        out.append(det.feed(replace(w, t_s=t, gpu=replace(w.gpu, t_s=t))))
+    return out
+
+
+def test_a_workload_hovering_at_the_threshold_does_not_flap() -> None:
+    det = StarvationDetector()
+    duties = [0.80 + 0.04 * (-1) ** k for k in range(200)]  # 0.76 / 0.84 alternating, noisy
+    verdicts = feed_constant(det, [0.9] * 10 + duties)
+    labels = [v.label for v in verdicts[10:]]
+    assert set(labels) == {"healthy"}
+    assert [e.label for e in det.close(300.0)] == ["healthy"]
+
+
+def test_a_change_is_reported_after_confirmation_with_its_true_start() -> None:
+    det = StarvationDetector(Thresholds(confirm_s=3.0))
+    verdicts = feed_constant(det, [0.95] * 20 + [0.3] * 20)
+    first_change = next(v for v in verdicts if v.label == "underutilized")
+    assert first_change.t_s == 24.0  # seen from t=21, held for 3 s
+    assert first_change.since_s == 21.0
+    assert verdicts[21].raw.label == "underutilized" and verdicts[21].label == "healthy"
+    episodes = det.close(40.0)
+    assert [(e.label, e.start_s, e.end_s) for e in episodes] == [
+        ("healthy", 1.0, 21.0),
+        ("underutilized", 21.0, 40.0),
+    ]  # the start-up wait is backdated
+
+
+def test_a_blip_shorter_than_confirmation_is_not_an_episode() -> None:
+    det = StarvationDetector()
+    feed_constant(det, [0.95] * 10 + [0.0] * 2 + [0.95] * 10)
+    assert [e.label for e in det.close(30.0)] == ["healthy"]
+
+
+def test_wasted_gpu_seconds_count_the_idle_share_of_wasteful_states() -> None:
+    det = StarvationDetector(Thresholds(confirm_s=0.0))
+    feed_constant(det, [0.3] * 11)  # underutilized at 30%: 0.7 GPU-s wasted per second
+    assert det.wasted_gpu_s == pytest.approx(0.7 * 10)
+    assert det.seconds_in_state["underutilized"] == pytest.approx(10)
+    det2 = StarvationDetector(Thresholds(confirm_s=0.0))
+    feed_constant(det2, [0.97] * 11)
+    assert det2.wasted_gpu_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "state,duty,share",
+    [
+        ("starved", 0.25, 0.75),
+        ("underutilized", 0.4, 0.6),
+        ("stalled", 0.0, 1.0),
+        ("sync-stall", 1.0, 1.0),
+        ("healthy", 0.9, 0.0),
+        ("idle", 0.0, 0.0),
+        ("unknown", None, 0.0),
+    ],
+)
+def test_waste_share_by_state(state: str, duty: float | None, share: float) -> None:
+    assert waste_share(state, ev(duty_cycle=duty)) == pytest.approx(share)
+
+
+def test_episode_memory_is_bounded() -> None:
+    det = StarvationDetector(Thresholds(confirm_s=0.0))
+    feed_constant(det, ([0.95] * 3 + [0.3] * 3) * (MAX_EPISODES_KEPT + 50))
+    assert len(det.episodes) == MAX_EPISODES_KEPT
+    assert sum(det.episodes_started.values()) > MAX_EPISODES_KEPT
