@@ -9,6 +9,8 @@ nothing sleeps and only CPU is counted, with time.process_time):
                    left is gpumon's own Python (the real driver adds ~0.4-5 µs per call in C);
                    6 new sub-second samples per GPU per tick, as NVML gives at its finest period.
   + host (psutil)  the same, plus HostSource reading this machine's /proc for real.
+  + detector       the same, plus the starvation detector fed every tick (what `serve` runs).
+  + detector       the same, plus the starvation detector fed every tick (what `serve` runs).
   simulator        the whole path over the simulated fleet, i.e. what `--simulate` costs; the
                    simulator itself is most of it, and it is not what runs on a GPU machine.
 
@@ -24,6 +26,7 @@ import time
 from types import SimpleNamespace
 
 from gpumon.clock import VirtualClock
+from gpumon.live import DetectorSink
 from gpumon.sampler import Sampler
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import parse_scenarios
@@ -104,13 +107,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    def canned(n: int, with_host: bool):
+    def canned(n: int, with_host: bool, with_detector: bool = False):
         def make() -> Sampler:
             clock = VirtualClock()
             src = NvmlSource(CannedNvml(n, clock))
             src.open()
             host = HostSource(load_psutil()) if with_host else None
-            return Sampler(src, host, clock)
+            sampler = Sampler(src, host, clock)
+            if with_detector:
+                sampler.on_tick.append(DetectorSink(sampler))
+            return sampler
 
         return make
 
@@ -133,6 +139,7 @@ def main() -> None:
         for label, make in (
             ("gpumon overhead", canned(n, False)),
             ("+ host (psutil)", canned(n, True)),
+            ("+ detector", canned(n, True, True)),
             ("simulator", simulated(n)),
         ):
             per_tick = cpu_per_tick(make, args.ticks, args.repeats)
