@@ -304,6 +304,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
     sampler = Sampler(
         sources.gpu, sources.host, clock, interval_s=args.interval, window_s=max(60.0, 2 * th.window_s)
     )
+    writer = None
+    if args.output:
+        from gpumon.trace import TraceWriter, make_header
+
+        writer = TraceWriter(args.output, make_header(sources.description, args.interval), force=args.force)
+        sampler.on_tick.append(writer.write_tick)
     sink = DetectorSink(sampler, th)
     sampler.on_tick.append(sink)
     color = sys.stdout.isatty() and not args.no_color
@@ -337,12 +343,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
             )
 
     sink.on_verdicts.append(show)
+    reason = "duration"
     try:
         with _StopOnSignals():
             sampler.run(duration_s=args.duration, exhausted=sources.exhausted)
     except Interrupted:
-        pass
+        reason = "interrupted"
     finally:
+        if writer is not None:
+            writer.close(sampler.last_tick.t_s if sampler.last_tick else None, reason)
         sources.close()
     for key, det in sorted(sink.fleet.gpus.items()):
         episodes = [
@@ -350,6 +359,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         ]
         summary = ", ".join(f"{e.label} {e.start_s:.0f}-{e.end_s:.0f} s" for e in episodes) or "-"
         print(f"GPU {key[0]}: {summary}; wasted {det.wasted_gpu_s:.0f} GPU-s", flush=True)
+    if writer is not None:
+        print(f"trace: {args.output} ({writer.ticks} ticks)", flush=True)
     return EXIT_OK
 
 
@@ -445,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"time between lines (default {DEFAULT_INTERVAL_S:g})",
     )
     s.add_argument("--no-color", action="store_true", help="never colour the state column")
+    s.add_argument("-o", "--output", metavar="FILE", help="also record the samples to this trace file")
+    s.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
     _add_threshold_flag(s)
     _add_source_flags(s, speed=True)
     s.set_defaults(func=cmd_watch)

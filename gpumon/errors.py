@@ -12,6 +12,7 @@ EXIT_USAGE = 2
 EXIT_NO_DRIVER = 3
 EXIT_BAD_TRACE = 4
 EXIT_OUTPUT = 5
+EXIT_MISSING_DEPENDENCY = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -48,3 +49,9 @@ class OutputError(GpumonError):
     """An output file that cannot be written (exists, no permission, disk full)."""
 
     exit_code = EXIT_OUTPUT
+
+
+class MissingDependency(GpumonError):
+    """An optional package a flag needs is not installed."""
+
+    exit_code = EXIT_MISSING_DEPENDENCY

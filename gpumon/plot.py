@@ -6,7 +6,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from gpumon.analysis import Analysis
-from gpumon.errors import GpumonError, OutputError
+from gpumon.errors import MissingDependency, OutputError
 
 STATE_COLORS = {
     "healthy": "#2ca02c",
@@ -20,10 +20,6 @@ STATE_COLORS = {
     "unknown": "#eeeeee",
 }
 MAX_GPUS_PLOTTED = 16
-
-
-class MissingDependency(GpumonError):
-    exit_code = 6
 
 
 def plot(a: Analysis, path: str) -> None:
