@@ -68,6 +68,12 @@ class GpuReport:
         return max(pool, key=lambda k: pool[k]) if pool else "unknown"
 
     @property
+    def final_label(self) -> str | None:
+        """The last known state, when it differs from the main one (a change late in the trace)."""
+        now = next((e for e in reversed(self.episodes) if e.state != "unknown"), None)
+        return now.label if now is not None and now.label != self.main_label else None
+
+    @property
     def suggestion(self) -> str | None:
         worst = self.worst_episode
         label = worst.label if worst else self.main_label
@@ -197,7 +203,11 @@ def render_text(a: Analysis) -> str:
         total = g.observed_s or 1.0
         lines.append("")
         lines.append(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}")
-        lines.append(f"  verdict: {g.main_label.upper()}")
+        headline = f"  verdict: {g.main_label.upper()}"
+        if g.final_label:
+            start = next(e.start_s for e in reversed(g.episodes) if e.label == g.final_label)
+            headline += f" most of the time; {g.final_label.upper()} at the end (from {start:.0f} s)"
+        lines.append(headline)
         shares = sorted(g.seconds_by_label.items(), key=lambda kv: -kv[1])
         lines.append(
             "  time:    " + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in shares if v > 0)
@@ -252,6 +262,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
                 "uuid": g.uuid,
                 "name": g.name,
                 "verdict": g.main_label,
+                "final": g.final_label or g.main_label,
                 "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
                 "wasted_gpu_s": round(g.wasted_gpu_s, 3),
                 "suggestion": g.suggestion,
