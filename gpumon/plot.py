@@ -70,8 +70,9 @@ def plot(a: Analysis, path: str) -> None:
             )
         ax.set_ylim(-5, 105)
         ax.set_ylabel("%")
+        then = f", then {g.final_label}" if g.final_label else ""
         ax.set_title(
-            f"GPU {g.index} {g.name}: {g.main_label}, wasted {g.wasted_gpu_s:.0f} GPU-s",
+            f"GPU {g.index} {g.name}: {g.main_label}{then}, wasted {g.wasted_gpu_s:.0f} GPU-s",
             fontsize=9,
             loc="left",
         )
