@@ -390,30 +390,42 @@ class _StopOnSignals:
 # -- parser and main -----------------------------------------------------------------------------
 
 
+def _add_common_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the top level and on each command, so they work before or after the command's name.
+    default = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    p.add_argument(
+        "--log-level",
+        default=default("warning"),
+        choices=["debug", "info", "warning", "error"],
+        help="(default warning)",
+    )
+    p.add_argument(
+        "--debug", action="store_true", default=default(False), help="show tracebacks of internal errors"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpumon",
         description="Catch GPUs starved by their input pipeline (CPU or storage).",
     )
     p.add_argument("--version", action="version", version=f"gpumon {__version__}")
-    p.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="(default warning)",
-    )
-    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    _add_common_flags(p, top=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_flags(common, top=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    s = sub.add_parser("devices", help="list GPUs: index, name, UUID, memory, utilization now")
+    s = sub.add_parser(
+        "devices", parents=[common], help="list GPUs: index, name, UUID, memory, utilization now"
+    )
     s.add_argument("--json", action="store_true", help="machine-readable output")
     _add_source_flags(s, speed=False)
     s.set_defaults(func=cmd_devices)
 
-    s = sub.add_parser("scenarios", help="list the simulated workload scenarios")
+    s = sub.add_parser("scenarios", parents=[common], help="list the simulated workload scenarios")
     s.set_defaults(func=cmd_scenarios)
 
-    s = sub.add_parser("record", help="sample GPUs and host into a trace file")
+    s = sub.add_parser("record", parents=[common], help="sample GPUs and host into a trace file")
     s.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
     s.add_argument(
         "--duration",
@@ -432,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_flags(s, speed=True)
     s.set_defaults(func=cmd_record)
 
-    s = sub.add_parser("analyze", help="classify each GPU of a recorded trace and report why it waited")
+    s = sub.add_parser(
+        "analyze", parents=[common], help="classify each GPU of a recorded trace and report why it waited"
+    )
     s.add_argument("trace", metavar="TRACE", help="a trace written by 'gpumon record'")
     s.add_argument(
         "--json", action="store_true", help="per-window verdicts and episodes as JSON (docs/detector.md)"
@@ -441,7 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threshold_flag(s)
     s.set_defaults(func=cmd_analyze)
 
-    s = sub.add_parser("watch", help="print each GPU's utilization and verdict every interval")
+    s = sub.add_parser(
+        "watch", parents=[common], help="print each GPU's utilization and verdict every interval"
+    )
     s.add_argument(
         "--duration",
         type=_positive_float,

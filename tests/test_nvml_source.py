@@ -100,6 +100,8 @@ class FakePynvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
         self._call("nvmlDeviceGetComputeRunningProcesses", h)
+        if "always-growing" in self.unsupported:
+            raise NVMLError(7)  # INSUFFICIENT_SIZE: the list outgrew pynvml's buffer again
         if "mismatch" in self.unsupported:
             raise NVMLLibraryMismatchError("old driver")
         return [SimpleNamespace(pid=4242, usedGpuMemory=None if h else 5 * 2**30)]
@@ -232,3 +234,15 @@ def test_no_driver_names_the_library_and_suggests_simulate(code: int) -> None:
         NvmlSource(fake).open()
     msg = str(e.value)
     assert "libnvidia-ml.so.1" in msg and "--simulate" in msg and "\n" not in msg
+
+
+def test_a_process_list_that_never_fits_is_left_out_once_logged(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakePynvml()
+    fake.unsupported = {"always-growing"}
+    src = _source(fake)
+    with caplog.at_level(logging.WARNING, logger="test.nvml"):
+        for t in range(3):
+            g = src.poll(float(t))[0]
+    assert g.available and g.processes == () and g.util_ratio is not None
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 3 * 2 * 3  # 3 tries, 2 GPUs, 3 ticks
+    assert len([r for r in caplog.records if "kept growing" in r.getMessage()]) == 2  # once per GPU

@@ -23,6 +23,7 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_GPU_UTILIZATION_SAMPLES = 1
+nvmlMemory_v2 = 0x02000028  # noqa: N816 - pynvml's name
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 
 _MESSAGES = {
@@ -111,11 +112,18 @@ class FakeNvml:
         gpu = h.utilization_now(t)
         return SimpleNamespace(gpu=gpu, memory=round(gpu * 0.4))
 
-    def nvmlDeviceGetMemoryInfo(self, h: SimGpu) -> Any:
+    nvmlMemory_v2 = nvmlMemory_v2
+
+    def nvmlDeviceGetMemoryInfo(self, h: SimGpu, version: int | None = None) -> Any:
         t = self._check("nvmlDeviceGetMemoryInfo", h)
         used = h.mem_used_bytes(t)
         total = h.model.mem_total_bytes
-        return SimpleNamespace(total=total, used=used, free=total - used)
+        reserved = 512 * 1024 * 1024
+        if version:  # v2: "used" leaves out the driver's reserve, as nvidia-smi shows it
+            return SimpleNamespace(
+                version=version, total=total, reserved=reserved, used=used, free=total - used - reserved
+            )
+        return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
 
     def nvmlDeviceGetPowerUsage(self, h: SimGpu) -> int:
         t = self._check("nvmlDeviceGetPowerUsage", h)

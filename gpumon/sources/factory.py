@@ -10,6 +10,9 @@ from gpumon.clock import Clock
 from gpumon.sampler import GpuSource, HostSourceLike
 from gpumon.sim.scenarios import Scenario
 
+NVML_CALL_TIMEOUT_S = 1.0
+"""The longest the sampler waits on the NVML calls of one GPU before marking it unavailable."""
+
 
 @dataclass(frozen=True)
 class SourceOptions:
@@ -77,7 +80,8 @@ def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
     from gpumon.sources.host import load_psutil
     from gpumon.sources.nvml import load_pynvml
 
-    nvml = NvmlSource(load_pynvml())
+    # A real driver can hang a call (a GPU falling off the bus): never wait on one for long.
+    nvml = NvmlSource(load_pynvml(), call_timeout_s=NVML_CALL_TIMEOUT_S)
     nvml.open()  # NoDriverError, with its one-line hint, when there is no driver
     return OpenedSources(
         gpu=nvml, host=HostSource(load_psutil()), description={"kind": "nvml"}, close=nvml.close

@@ -7,11 +7,22 @@ Per field: NOT_SUPPORTED or a missing function leaves the field `None` and it is
 for that GPU. Per GPU: GPU_IS_LOST or UNKNOWN marks the GPU unavailable for this tick; its handle
 is dropped and fetched again next tick, so a GPU that comes back is picked up. NVML never creates a
 CUDA context or allocates GPU memory, so polling does not disturb the job being watched.
+
+Hung calls: with `call_timeout_s`, GPUs are read in a worker thread and the sampler waits at most
+that long. A GPU whose call does not return is marked unavailable and skipped, with its worker
+parked on it, until the call returns; the other GPUs are read by a fresh worker. Threads stay
+bounded (one per stuck GPU, plus one), and so does memory: late answers are dropped.
+
+No driver at start: with `retry_init`, `poll` keeps trying nvmlInit with exponential backoff
+(1 s, 2 s, ... 60 s) and reports no GPUs meanwhile, so a daemon started before the driver picks
+it up when it appears.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -25,10 +36,12 @@ log = logging.getLogger("gpumon.nvml")
 # NVML return codes (nvml.h); the module's own constants are used when it has them.
 _NOT_SUPPORTED = 3
 _NOT_FOUND = 6
+_INSUFFICIENT_SIZE = 7
 _DRIVER_NOT_LOADED = 9
 _LIBRARY_NOT_FOUND = 12
 _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
+_ARGUMENT_VERSION_MISMATCH = 25
 _UNKNOWN = 999
 _UNSUPPORTED_CODES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _LOST_CODES = frozenset({_GPU_IS_LOST, _UNKNOWN})
@@ -81,6 +94,41 @@ class _GpuState:
     first_poll: bool = True
     aligner: SampleClockAligner = field(default_factory=SampleClockAligner)
     unsupported: set[str] = field(default_factory=set)
+    memory_v1: bool = False
+    """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""
+    stuck_since: float | None = None
+    """Set while a call on this GPU has not returned (see _Worker)."""
+
+
+class _Worker:
+    """A thread that reads GPUs one after the other, so that a hung call can be abandoned."""
+
+    def __init__(self, on_done: Callable[[_Worker], None]) -> None:
+        self._on_done = on_done
+        self._job: Callable[[], None] | None = None
+        self._wake = threading.Event()
+        self.finished = threading.Event()
+        self.current: int | None = None
+        """The GPU whose call is in progress (or None)."""
+        threading.Thread(target=self._loop, name="gpumon-nvml", daemon=True).start()
+
+    def run(self, job: Callable[[], None]) -> None:
+        self.finished.clear()
+        self._job = job
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            job, self._job = self._job, None
+            try:
+                if job is not None:
+                    job()
+            finally:
+                self.current = None
+                self.finished.set()
+                self._on_done(self)
 
 
 def _text(value: Any) -> str:
@@ -92,25 +140,57 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType | Any, problems: Problems | None = None) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | Any,
+        problems: Problems | None = None,
+        *,
+        call_timeout_s: float | None = None,
+        retry_init: bool = False,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self._nvml = nvml
         self._problems = problems or Problems(log)
         self._gpus: dict[int, _GpuState] = {}
         self._open = False
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+        self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        self._timeout_s = call_timeout_s
+        self._retry_init = retry_init
+        self._next_init_t = 0.0
+        self._init_backoff_s = 1.0
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self.workers = 0
+        """Worker threads started so far (bounded: one per stuck GPU, plus one)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Initialise NVML; raise NoDriverError with a one-line hint when there is no driver."""
+        """Initialise NVML; raise NoDriverError with a one-line hint when there is no driver.
+
+        With `retry_init`, a missing driver is not an error: `poll` retries with backoff."""
         try:
             self._nvml.nvmlInit()
         except self._error_type as e:
             code = getattr(e, "value", None)
-            raise NoDriverError(NO_DRIVER_HINT.format(why=_describe(e, code))) from None
+            self._no_driver(NO_DRIVER_HINT.format(why=_describe(e, code)))
+            return
         except OSError as e:  # a library that exists but cannot be loaded
-            raise NoDriverError(NO_DRIVER_HINT.format(why=str(e))) from None
+            self._no_driver(NO_DRIVER_HINT.format(why=str(e)))
+            return
         self._open = True
+        self._init_backoff_s = 1.0
+        self._problems.clear("nvml:")
+
+    def _no_driver(self, message: str) -> None:
+        if not self._retry_init:
+            raise NoDriverError(message)
+        self._problems.note(f"nvml: {message}; retrying with backoff")
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
 
     def close(self) -> None:
         if self._open:
@@ -136,32 +216,115 @@ class NvmlSource:
         return out
 
     def poll(self, t_s: float) -> list[GpuSample]:
+        if not self._open:
+            if not self._retry_init or t_s < self._next_init_t:
+                return []
+            self.open()
+            if not self._open:
+                self._next_init_t = t_s + self._init_backoff_s
+                self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
+                return []
+        if self._timeout_s is None:
+            return self._poll_all(t_s, range(self._count()), None)
+        return self._poll_guarded(t_s)
+
+    def _count(self) -> int:
         try:
-            count = self._nvml.nvmlDeviceGetCount()
+            return int(self._nvml.nvmlDeviceGetCount())
         except self._error_type as e:
             # The whole driver is gone (e.g. unloaded): let the sampler count it as a source failure.
             raise RuntimeError(f"nvmlDeviceGetCount failed: {_describe(e, _code(e))}") from None
-        samples = []
-        for index in range(count):
+
+    def _poll_all(
+        self, t_s: float, indexes: Any, worker: _Worker | None, out: list[GpuSample] | None = None
+    ) -> list[GpuSample]:
+        samples = out if out is not None else []
+        for index in indexes:
+            if worker is not None:
+                worker.current = index
             try:
-                samples.append(self._poll_gpu(index, t_s))
+                sample = self._poll_gpu(index, t_s)
             except (_GpuLost, self._error_type) as e:
-                why = _describe(e, _code(e))
-                self._problems.note(f"gpu {index}: unavailable: {why}")
+                sample = self._unavailable(index, t_s, _describe(e, _code(e)))
                 state = self._gpus.get(index)
                 if state is not None:
                     state.handle = None  # ask for a fresh handle next tick
-                samples.append(
-                    GpuSample(
-                        t_s=t_s,
-                        index=index,
-                        uuid=state.uuid if state else "",
-                        name=state.name if state else "",
-                        available=False,
-                        error=why,
-                    )
-                )
+            samples.append(sample)
         return samples
+
+    def _unavailable(self, index: int, t_s: float, why: str) -> GpuSample:
+        self._problems.note(f"gpu {index}: unavailable: {why}")
+        state = self._gpus.get(index)
+        return GpuSample(
+            t_s=t_s,
+            index=index,
+            uuid=state.uuid if state else "",
+            name=state.name if state else "",
+            available=False,
+            error=why,
+        )
+
+    # -- hung calls ------------------------------------------------------------------------------
+
+    def _worker(self) -> _Worker:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.workers += 1
+        return _Worker(self._worker_done)
+
+    def _worker_done(self, worker: _Worker) -> None:
+        with self._lock:
+            for state in self._gpus.values():
+                if state.stuck_since is not None and getattr(state, "_stuck_worker", None) is worker:
+                    state.stuck_since = None  # its call returned at last: read it again next tick
+                    state._stuck_worker = None  # type: ignore[attr-defined]
+            self._idle.append(worker)
+
+    def _poll_guarded(self, t_s: float) -> list[GpuSample]:
+        assert self._timeout_s is not None
+        counted: list[int] = []
+        worker = self._worker()
+        worker.run(lambda: counted.append(self._count()))
+        if not worker.finished.wait(self._timeout_s):
+            raise RuntimeError(f"nvmlDeviceGetCount did not return within {self._timeout_s:g} s")
+        if not counted:
+            raise RuntimeError("nvmlDeviceGetCount failed")  # its error is in the log
+        pending = list(range(counted[0]))
+        done: dict[int, GpuSample] = {}
+        while pending:
+            todo = []
+            for index in pending:
+                state = self._gpus.get(index)
+                if state is not None and state.stuck_since is not None:
+                    done[index] = self._unavailable(
+                        index, t_s, f"an NVML call has not returned for {t_s - state.stuck_since:.0f} s"
+                    )
+                else:
+                    todo.append(index)
+            if not todo:
+                break
+            out: list[GpuSample] = []
+            worker = self._worker()
+            worker.run(lambda todo=todo, out=out, w=worker: self._poll_all(t_s, todo, w, out))
+            finished = worker.finished.wait(self._timeout_s)
+            results = list(out)
+            for sample in results:
+                done[sample.index] = sample
+            if finished:
+                break
+            culprit = worker.current
+            if culprit is None:  # finished just now
+                break
+            state = self._gpus.setdefault(culprit, _GpuState())
+            with self._lock:
+                state.stuck_since = t_s
+                state._stuck_worker = worker  # type: ignore[attr-defined]
+            done[culprit] = self._unavailable(
+                culprit, t_s, f"an NVML call did not return within {self._timeout_s:g} s"
+            )
+            pending = [i for i in todo if i not in done]
+        return [done[i] for i in sorted(done)]
 
     def _state(self, index: int) -> _GpuState:
         state = self._gpus.setdefault(index, _GpuState())
@@ -182,13 +345,13 @@ class NvmlSource:
         state = self._state(index)
         h = state.handle
         util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
-        mem = self._field(state, "memory", nv.nvmlDeviceGetMemoryInfo, h)
+        mem = self._memory(state)
         power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
         limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
         temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, _TEMPERATURE_GPU)
         rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_RX)
         tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
-        procs = self._field(state, "processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = self._processes(state)
         history = self._history(state, t_s)
         self._problems.clear(f"gpu {index}:")
         return GpuSample(
@@ -211,6 +374,37 @@ class NvmlSource:
             ),
             util_history=history,
         )
+
+    def _memory(self, state: _GpuState) -> Any:
+        """v2 first, as nvidia-smi, gpustat and nvitop do ("used" without the driver's reserve)."""
+        nv = self._nvml
+        if self._mem_v2 is not None and not state.memory_v1 and "memory" not in state.unsupported:
+            try:
+                return nv.nvmlDeviceGetMemoryInfo(state.handle, version=self._mem_v2)
+            except self._error_type as e:
+                if _code(e) not in (_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH, _NOT_SUPPORTED):
+                    if _code(e) in _LOST_CODES:
+                        raise _GpuLost(_describe(e, _code(e))) from None
+                    raise
+                state.memory_v1 = True
+        return self._field(state, "memory", nv.nvmlDeviceGetMemoryInfo, state.handle)
+
+    def _processes(self, state: _GpuState) -> Any:
+        """The process list can grow between pynvml's two calls (INSUFFICIENT_SIZE): ask again."""
+        for _ in range(3):
+            try:
+                return self._field(
+                    state,
+                    "processes",
+                    self._nvml.nvmlDeviceGetComputeRunningProcesses,
+                    state.handle,
+                    raise_codes=(_INSUFFICIENT_SIZE,),
+                )
+            except self._error_type as e:
+                if _code(e) != _INSUFFICIENT_SIZE:
+                    raise
+        self._problems.note(f"gpu {state.uuid} processes: the list kept growing while read; left out")
+        return None
 
     def _history(self, state: _GpuState, t_s: float) -> tuple[UtilPoint, ...]:
         if "samples" in state.unsupported:
@@ -250,13 +444,17 @@ class NvmlSource:
             points = [p for p in points if p.t_s > t_s - 1.0]
         return tuple(points)
 
-    def _field(self, state: _GpuState, name: str, fn: Any, *args: Any) -> Any:
+    def _field(
+        self, state: _GpuState, name: str, fn: Any, *args: Any, raise_codes: tuple[int, ...] = ()
+    ) -> Any:
         if name in state.unsupported:
             return None
         try:
             return fn(*args)
         except self._error_type as e:
             code = _code(e)
+            if code in raise_codes:
+                raise
             if code in _UNSUPPORTED_CODES:
                 state.unsupported.add(name)  # stop asking: no log spam for what cannot change
                 return None
@@ -297,6 +495,12 @@ def _opt_int(value: Any) -> int | None:
 
 def load_pynvml() -> ModuleType:
     """Import the real bindings (kept out of module scope so simulated runs never load them)."""
-    import pynvml
+    try:
+        import pynvml
+    except ImportError:
+        from gpumon.errors import MissingDependency
 
+        raise MissingDependency(
+            "NVIDIA's Python bindings are missing: pip install nvidia-ml-py (imported as pynvml)"
+        ) from None
     return pynvml

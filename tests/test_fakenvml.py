@@ -1,0 +1,282 @@
+"""The real NVML path: the unmodified pynvml loading a stand-in libnvidia-ml.so.1. Peers (gpustat,
+nvitop) as an outside check, and gpumon under the faults real fleets see."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumon.trace import read_trace
+from tests.fakenvml import driver
+
+from .conftest import ROOT
+
+EPOCH_US = 1_700_000_000_000_000  # a fixed timeline start shared by every process of a test
+
+
+@pytest.fixture(scope="session")
+def library() -> Path:
+    return driver.build()
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(env, PYTHONPATH=str(ROOT))
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def gpumon(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "gpumon", *args], env, timeout)
+
+
+def bin_of(tool: str) -> str:
+    path = Path(sys.executable).parent / tool
+    if not path.exists():
+        pytest.fail(f"{tool} is not installed in the test environment (the dev extra brings it)")
+    return str(path)
+
+
+# -- the stand-in as pynvml sees it ---------------------------------------------------------------
+
+
+def test_the_real_pynvml_loads_the_stand_in(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "healthy,starved-cpu")
+    code = textwrap.dedent("""
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(1)
+        print(pynvml.nvmlDeviceGetCount(), pynvml.nvmlDeviceGetName(h), pynvml.nvmlSystemGetDriverVersion())
+        t, s = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        print(t, len(s), all(a.timeStamp < b.timeStamp for a, b in zip(s, s[1:])))
+        try:
+            pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, s[-1].timeStamp)
+        except pynvml.NVMLError_NotFound:
+            print("NOT_FOUND")
+        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        print(m1.used - m.used == m.reserved, [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])
+    """)
+    p = run([sys.executable, "-c", code], driver.environment(config, FAKENVML_NOW_US="30000000"))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "2 NVIDIA H100 80GB HBM3 (simulated) 560.35.03"
+    assert lines[1] == "1 120 True"  # unsigned ints, a full buffer of 120, oldest first
+    assert lines[2] == "NOT_FOUND"
+    assert lines[3] == "True [40100]"
+
+
+# -- peers: gpustat and nvitop see what gpumon sees ---------------------------------------------------
+
+
+def test_gpustat_and_nvitop_agree_with_gpumon_at_the_same_instant(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "starved-cpu,healthy,starved-io,idle", epoch_us=EPOCH_US)
+    env = driver.environment(config, FAKENVML_NOW_US="41500000")  # one instant for every process
+    ours = json.loads(gpumon("devices", "--json", env=env).stdout)["gpus"]
+    p = run([bin_of("gpustat"), "--json"], env)
+    assert p.returncode == 0, p.stderr
+    theirs = json.loads(p.stdout)["gpus"]
+    assert [g["uuid"] for g in ours] == [g["uuid"] for g in theirs]
+    assert [g["name"] for g in ours] == [g["name"] for g in theirs]
+    assert [g["mem_used_bytes"] // 2**20 for g in ours] == [g["memory.used"] for g in theirs]
+    assert [g["mem_total_bytes"] // 2**20 for g in ours] == [g["memory.total"] for g in theirs]
+    assert [round(g["util_ratio"] * 100) for g in ours] == [g["utilization.gpu"] for g in theirs]
+    assert len({g["utilization.gpu"] for g in theirs}) > 1, "the instant should show different loads"
+
+    p = run([bin_of("nvitop"), "-1"], env)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    unit = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    rows = re.findall(r"(\d+(?:\.\d+)?)([KMG]iB) / (\d+(?:\.\d+)?)([KMG]iB) │\s+(\d+)%", p.stdout)
+    assert len(rows) == len(ours), p.stdout
+    for g, (used, used_unit, total, total_unit, util) in zip(ours, rows):
+        assert float(used) * unit[used_unit] == pytest.approx(g["mem_used_bytes"], rel=0.001)
+        assert float(total) * unit[total_unit] == pytest.approx(g["mem_total_bytes"], rel=0.001)
+        assert int(util) == round(g["util_ratio"] * 100)
+    code = (
+        "import json; from nvitop import Device;"
+        "print(json.dumps([[d.index, d.name(), d.uuid()] for d in Device.all()]))"
+    )
+    api = json.loads(run([sys.executable, "-c", code], env).stdout)
+    assert api == [[g["index"], g["name"], g["uuid"]] for g in ours]
+
+
+# -- gpumon through the real NVML path ---------------------------------------------------------------
+
+
+def record_standin(
+    tmp_path: Path, config: Path, seconds: int, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "t.jsonl"
+    p = gpumon(
+        "record",
+        "--duration",
+        str(seconds),
+        "-o",
+        str(out),
+        *extra,
+        env=driver.environment(config),
+        timeout=seconds + 60,
+    )
+    return p, out
+
+
+def test_record_through_pynvml_keeps_the_sub_second_history(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "starved-cpu,healthy")
+    p, out = record_standin(tmp_path, config, 3)
+    assert p.returncode == 0, p.stderr
+    trace = read_trace(str(out))
+    assert trace.header["source"]["kind"] == "nvml"
+    later = trace.ticks[1:]
+    assert all(5 <= len(g.util_history) <= 7 for t in later for g in t.gpus)  # 1/6 s samples
+    starved = [p.util_ratio for t in later for p in t.gpus[0].util_history]
+    fed = [p.util_ratio for t in later for p in t.gpus[1].util_history]
+    assert max(starved) - min(starved) > 0.2 and min(fed) > 0.85
+    assert all(g.power_w and g.mem_used_bytes for t in trace.ticks for g in t.gpus)
+
+
+def test_a_lost_gpu_is_marked_down_and_comes_back_while_the_other_keeps_its_data(
+    library: Path, tmp_path: Path
+) -> None:
+    config = driver.simulated_config(tmp_path, "healthy,healthy", faults=("lost 1 1500000 3500000",))
+    p, out = record_standin(tmp_path, config, 6, "--log-level", "info")
+    assert p.returncode == 0, p.stderr
+    ticks = read_trace(str(out)).ticks
+    assert all(t.gpus[0].available and t.gpus[0].util_ratio is not None for t in ticks)
+    down = [t.t_s for t in ticks if not t.gpus[1].available]
+    assert down and all("lost" in t.gpus[1].error for t in ticks if not t.gpus[1].available)
+    assert ticks[-1].gpus[1].available, "it came back"
+    assert ticks[-1].gpus[1].uuid == ticks[0].gpus[1].uuid
+    assert p.stderr.count("WARNING: gpu 1: unavailable") == 1, "logged once, not once per tick"
+    assert "recovered" in p.stderr
+
+
+def test_a_hanging_call_does_not_freeze_the_sampler(library: Path, tmp_path: Path) -> None:
+    # GPU 1's utilization call hangs for 30 s once the timeline passes 2 s
+    config = driver.simulated_config(
+        tmp_path, "healthy,healthy", faults=("block nvmlDeviceGetUtilizationRates 1 30 2000000",)
+    )
+    start = time.monotonic()
+    p, out = record_standin(tmp_path, config, 7)
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - start < 20, "the recorder ended on time, not after the hung call"
+    ticks = read_trace(str(out)).ticks
+    assert len(ticks) >= 5
+    assert all(t.gpus[0].available for t in ticks), "the other GPU kept its data"
+    hung = [t for t in ticks if not t.gpus[1].available]
+    assert hung and "did not return" in hung[0].gpus[1].error
+    assert "has not returned" in hung[-1].gpus[1].error
+
+
+def test_stuck_threads_are_bounded(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(
+        tmp_path, "healthy,healthy,healthy", faults=("block nvmlDeviceGetPowerUsage -1 60 0",)
+    )
+    code = textwrap.dedent("""
+        import threading, time, pynvml
+        from gpumon.sources.nvml import NvmlSource
+        src = NvmlSource(pynvml, call_timeout_s=0.2)
+        src.open()
+        start = time.monotonic()
+        for t in range(30):
+            gpus = src.poll(float(t))
+        print(round(time.monotonic() - start, 1), src.workers, threading.active_count(),
+              [g.available for g in gpus])
+    """)
+    p = run([sys.executable, "-c", code], driver.environment(config), timeout=120)
+    assert p.returncode == 0, p.stderr
+    seconds, workers, threads, available = p.stdout.split(maxsplit=3)
+    # every GPU hangs: three stuck workers, one spare; later polls skip the stuck GPUs at once
+    assert int(workers) <= 4 and int(threads) <= 5
+    assert float(seconds) < 3.0
+    assert available.strip() == "[False, False, False]"
+
+
+def test_a_driver_absent_at_start_is_picked_up_when_it_appears(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "healthy")
+    later = tmp_path / "appears-later.conf"
+    code = textwrap.dedent(f"""
+        import pathlib, shutil, pynvml
+        from gpumon.sources.nvml import NvmlSource
+        src = NvmlSource(pynvml, retry_init=True)
+        src.open()  # no driver yet: not an error in this mode
+        seen = []
+        for t in range(40):
+            if t == 5:
+                shutil.copy({str(config)!r}, {str(later)!r})  # the driver is installed
+            seen.append(len(src.poll(float(t))))
+        print(seen)
+    """)
+    p = run([sys.executable, "-c", code], driver.environment(later))
+    assert p.returncode == 0, p.stderr
+    seen = json.loads(p.stdout)
+    first = seen.index(1)
+    assert seen[:5] == [0] * 5 and 5 < first <= 5 + 8, seen  # backoff 1, 2, 4, 8 s
+    assert all(n == 1 for n in seen[first:])
+    assert p.stderr.count("retrying with backoff") == 1
+
+
+def test_unsupported_functions_leave_fields_out_without_log_spam(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(
+        tmp_path,
+        "healthy",
+        faults=(
+            "unsupported nvmlDeviceGetPowerUsage",
+            "unsupported nvmlDeviceGetSamples",
+            "unsupported nvmlDeviceGetPcieThroughput",
+        ),
+    )
+    p, out = record_standin(tmp_path, config, 3, "--log-level", "info")
+    assert p.returncode == 0 and "WARNING" not in p.stderr and "unavailable" not in p.stderr, p.stderr
+    ticks = read_trace(str(out)).ticks
+    g = ticks[-1].gpus[0]
+    assert g.power_w is None and g.pcie_rx_bytes_per_s is None and g.util_history == ()
+    assert g.util_ratio is not None and g.mem_used_bytes is not None and g.available
+
+
+@pytest.mark.parametrize("growth", [1, 1000])
+def test_process_lists_that_grow_between_calls(library: Path, tmp_path: Path, growth: int) -> None:
+    """pynvml sizes its buffer from a first call; a list that outgrows it (1000 new processes)
+    makes pynvml raise INSUFFICIENT_SIZE, and gpumon asks again rather than lose the list."""
+    config = driver.simulated_config(tmp_path, "healthy", faults=(f"procs_grow 0 {growth}",))
+    p, out = record_standin(tmp_path, config, 2)
+    assert p.returncode == 0 and "WARNING" not in p.stderr, p.stderr
+    g = read_trace(str(out)).ticks[-1].gpus[0]
+    assert g.available and g.util_ratio is not None
+    assert g.processes[0].pid == 40000 and len(g.processes) > growth
+
+
+def test_no_driver_through_the_real_path_fails_cleanly(library: Path, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "healthy", faults=("no_driver",))
+    p = gpumon("devices", env=driver.environment(config))
+    assert p.returncode == 3 and "Traceback" not in p.stderr
+    assert "libnvidia-ml.so.1" in p.stderr and "Driver Not Loaded" in p.stderr and "--simulate" in p.stderr
+
+
+def test_gpumon_creates_no_cuda_context(library: Path, tmp_path: Path) -> None:
+    """It talks to NVML only: no CUDA library is ever mapped, no ML framework imported, and the
+    stand-in's process list (which lists the jobs) never shows gpumon."""
+    config = driver.simulated_config(tmp_path, "healthy,starved-cpu")
+    env = driver.environment(config, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "watch", "--duration", "4", "--no-color"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(2.5)  # a real process watched from outside: it must be mid-run
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    finally:
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    libs = {Path(line.split()[-1]).name for line in maps.splitlines() if ".so" in line}
+    assert "libnvidia-ml.so.1" in libs
+    assert not {lib for lib in libs if lib.startswith(("libcuda", "libcudart", "libnvrtc", "libtorch"))}
+    assert str(proc.pid) not in out.split()
