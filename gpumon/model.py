@@ -7,24 +7,26 @@ of the recording. A field the hardware does not report is `None`, never NaN or z
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# The three per-GPU records are NamedTuples rather than frozen dataclasses: they are built for
+# every GPU on every tick, and a frozen dataclass of 17 fields costs 3 µs to build against 0.6 µs
+# (benchmarks/nvml_cost.py). Both are immutable; change them with `._replace(...)`.
 
 
-@dataclass(frozen=True, slots=True)
-class UtilPoint:
+class UtilPoint(NamedTuple):
     """One driver utilization sample: the share of its sample period in which a kernel ran."""
 
     t_s: float
     util_ratio: float
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):
     pid: int
     gpu_mem_bytes: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class GpuSample:
+class GpuSample(NamedTuple):
     t_s: float
     index: int
     uuid: str

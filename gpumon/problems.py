@@ -31,5 +31,9 @@ class Problems:
         self._active -= gone
 
     @property
+    def any_active(self) -> bool:
+        return bool(self._active)
+
+    @property
     def active(self) -> frozenset[str]:
         return frozenset(self._active)

@@ -3,7 +3,23 @@
 # then runs the linter and the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Debian packages the tests run for real: gcc builds the stand-in libnvidia-ml.so.1.
+need=()
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "test: missing ${need[*]}: install them (apt-get install ${need[*]}) and run again" >&2
+    exit 1
+  fi
+  echo "test: apt-get install ${need[*]}" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
 GPUMON_EXTRAS=dev source scripts/setup.sh
+echo "== building the stand-in libnvidia-ml.so.1" >&2
+python -c 'from tests.fakenvml.driver import build; print(build())' >&2
 echo "== ruff" >&2
 ruff check gpumon tests benchmarks
 ruff format --check gpumon tests benchmarks

@@ -196,7 +196,7 @@ def test_a_step_change_is_not_bursts() -> None:
 
 def test_without_sub_second_history_tick_readings_stand_in() -> None:
     w = window([0.5])
-    samples = tuple(replace(w.gpu, t_s=float(t), util_ratio=0.2 + 0.1 * (t % 2)) for t in range(8))
+    samples = tuple(w.gpu._replace(t_s=float(t), util_ratio=0.2 + 0.1 * (t % 2)) for t in range(8))
     e = gather(replace(w, points=(), samples=samples), TH)
     assert e.points == 8 and e.duty_cycle == pytest.approx(0.25)
 
@@ -223,7 +223,7 @@ def feed_constant(det: StarvationDetector, evidence_duty: list[float], t0: float
     for k, d in enumerate(evidence_duty):
         w = window([d] * 48)
         t = t0 + k + 1.0
-        out.append(det.feed(replace(w, t_s=t, gpu=replace(w.gpu, t_s=t))))
+        out.append(det.feed(replace(w, t_s=t, gpu=w.gpu._replace(t_s=t))))
     return out
 
 

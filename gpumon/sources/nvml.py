@@ -21,9 +21,11 @@ it up when it appears.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -98,37 +100,35 @@ class _GpuState:
     """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""
     stuck_since: float | None = None
     """Set while a call on this GPU has not returned (see _Worker)."""
+    stuck_worker: Any = None
 
 
 class _Worker:
-    """A thread that reads GPUs one after the other, so that a hung call can be abandoned."""
+    """A thread that reads GPUs one after the other, so that a hung call can be abandoned.
+
+    Jobs and results travel on SimpleQueues (one lock hand-off each way per tick)."""
 
     def __init__(self, on_done: Callable[[_Worker], None]) -> None:
         self._on_done = on_done
-        self._job: Callable[[], None] | None = None
-        self._wake = threading.Event()
-        self.finished = threading.Event()
+        self._jobs: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
         self.current: int | None = None
-        """The GPU whose call is in progress (or None)."""
+        """The GPU whose calls are in progress (None: none, or the driver-wide count)."""
         threading.Thread(target=self._loop, name="gpumon-nvml", daemon=True).start()
 
-    def run(self, job: Callable[[], None]) -> None:
-        self.finished.clear()
-        self._job = job
-        self._wake.set()
+    def run(self, job: Callable[[], Any]) -> None:
+        self._jobs.put(job)
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait()
-            self._wake.clear()
-            job, self._job = self._job, None
+            job = self._jobs.get()
             try:
-                if job is not None:
-                    job()
-            finally:
-                self.current = None
-                self.finished.set()
-                self._on_done(self)
+                result: tuple[bool, Any] = (True, job())
+            except Exception as e:  # handed back to the sampler's thread, which raises it there
+                result = (False, e)
+            self.current = None
+            self._on_done(self)
+            self.results.put(result)
 
 
 def _text(value: Any) -> str:
@@ -163,6 +163,8 @@ class NvmlSource:
         self._idle: list[_Worker] = []
         self.workers = 0
         """Worker threads started so far (bounded: one per stuck GPU, plus one)."""
+        self._last_count = 0
+        self._primary: _Worker | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -225,7 +227,7 @@ class NvmlSource:
                 self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
                 return []
         if self._timeout_s is None:
-            return self._poll_all(t_s, range(self._count()), None)
+            return self._poll_all(t_s, range(self._count()))
         return self._poll_guarded(t_s)
 
     def _count(self) -> int:
@@ -235,13 +237,9 @@ class NvmlSource:
             # The whole driver is gone (e.g. unloaded): let the sampler count it as a source failure.
             raise RuntimeError(f"nvmlDeviceGetCount failed: {_describe(e, _code(e))}") from None
 
-    def _poll_all(
-        self, t_s: float, indexes: Any, worker: _Worker | None, out: list[GpuSample] | None = None
-    ) -> list[GpuSample]:
+    def _poll_all(self, t_s: float, indexes: Any, out: list[GpuSample] | None = None) -> list[GpuSample]:
         samples = out if out is not None else []
         for index in indexes:
-            if worker is not None:
-                worker.current = index
             try:
                 sample = self._poll_gpu(index, t_s)
             except (_GpuLost, self._error_type) as e:
@@ -274,57 +272,75 @@ class NvmlSource:
         return _Worker(self._worker_done)
 
     def _worker_done(self, worker: _Worker) -> None:
+        if worker is self._primary:
+            return  # the common case: nothing was stuck, nothing to release
         with self._lock:
             for state in self._gpus.values():
-                if state.stuck_since is not None and getattr(state, "_stuck_worker", None) is worker:
-                    state.stuck_since = None  # its call returned at last: read it again next tick
-                    state._stuck_worker = None  # type: ignore[attr-defined]
+                if state.stuck_worker is worker:
+                    state.stuck_since = state.stuck_worker = None  # it returned: read it next tick
             self._idle.append(worker)
 
     def _poll_guarded(self, t_s: float) -> list[GpuSample]:
+        """One job per tick: count the GPUs and read those not stuck, under one deadline. A job
+        that misses it leaves its worker parked on the GPU it was reading (released when the call
+        returns); the GPUs after it go to another worker."""
         assert self._timeout_s is not None
-        counted: list[int] = []
-        worker = self._worker()
-        worker.run(lambda: counted.append(self._count()))
-        if not worker.finished.wait(self._timeout_s):
-            raise RuntimeError(f"nvmlDeviceGetCount did not return within {self._timeout_s:g} s")
-        if not counted:
-            raise RuntimeError("nvmlDeviceGetCount failed")  # its error is in the log
-        pending = list(range(counted[0]))
+        if self._primary is None:
+            self._primary = self._worker()
         done: dict[int, GpuSample] = {}
-        while pending:
-            todo = []
-            for index in pending:
-                state = self._gpus.get(index)
-                if state is not None and state.stuck_since is not None:
-                    done[index] = self._unavailable(
+        todo: list[int] | None = None  # None: not counted yet
+        while True:
+            out: list[GpuSample] = []
+            worker = self._primary
+            worker.run(partial(self._job, t_s, todo, out, worker))
+            try:
+                ok, result = worker.results.get(timeout=self._timeout_s)
+            except queue.Empty:
+                culprit = worker.current
+                self._primary = self._worker()
+                for sample in list(out):
+                    done[sample.index] = sample
+                if culprit is None:  # the driver-wide count hung: nothing can be read
+                    raise RuntimeError(
+                        f"nvmlDeviceGetCount did not return within {self._timeout_s:g} s"
+                    ) from None
+                state = self._gpus.setdefault(culprit, _GpuState())
+                with self._lock:
+                    state.stuck_since, state.stuck_worker = t_s, worker
+                done[culprit] = self._unavailable(
+                    culprit, t_s, f"an NVML call did not return within {self._timeout_s:g} s"
+                )
+                todo = [i for i in (todo if todo is not None else range(self._last_count)) if i not in done]
+                if not todo:
+                    break
+                continue
+            if not ok:
+                raise result
+            if not done:
+                return result  # the common case: one job read every GPU
+            for sample in result:
+                done[sample.index] = sample
+            break
+        return [done[i] for i in sorted(done)]
+
+    def _job(
+        self, t_s: float, todo: list[int] | None, out: list[GpuSample], worker: _Worker
+    ) -> list[GpuSample]:
+        if todo is None:
+            todo = list(range(self._count()))
+            self._last_count = len(todo)
+        for index in todo:
+            state = self._gpus.get(index)
+            if state is not None and state.stuck_since is not None:
+                out.append(
+                    self._unavailable(
                         index, t_s, f"an NVML call has not returned for {t_s - state.stuck_since:.0f} s"
                     )
-                else:
-                    todo.append(index)
-            if not todo:
-                break
-            out: list[GpuSample] = []
-            worker = self._worker()
-            worker.run(lambda todo=todo, out=out, w=worker: self._poll_all(t_s, todo, w, out))
-            finished = worker.finished.wait(self._timeout_s)
-            results = list(out)
-            for sample in results:
-                done[sample.index] = sample
-            if finished:
-                break
-            culprit = worker.current
-            if culprit is None:  # finished just now
-                break
-            state = self._gpus.setdefault(culprit, _GpuState())
-            with self._lock:
-                state.stuck_since = t_s
-                state._stuck_worker = worker  # type: ignore[attr-defined]
-            done[culprit] = self._unavailable(
-                culprit, t_s, f"an NVML call did not return within {self._timeout_s:g} s"
-            )
-            pending = [i for i in todo if i not in done]
-        return [done[i] for i in sorted(done)]
+                )
+                continue
+            worker.current = index
+            self._poll_all(t_s, (index,), out)
+        return out
 
     def _state(self, index: int) -> _GpuState:
         state = self._gpus.setdefault(index, _GpuState())
@@ -353,26 +369,28 @@ class NvmlSource:
         tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
         procs = self._processes(state)
         history = self._history(state, t_s)
-        self._problems.clear(f"gpu {index}:")
+        if self._problems.any_active:  # this GPU answered: clear what was wrong with it before
+            self._problems.clear(f"gpu {index}:")
+        # Positional and inline: this runs for every GPU on every tick (benchmarks/nvml_cost.py).
         return GpuSample(
-            t_s=t_s,
-            index=index,
-            uuid=state.uuid,
-            name=state.name,
-            util_ratio=_pct(util, "gpu"),
-            mem_util_ratio=_pct(util, "memory"),
-            mem_used_bytes=_int(mem, "used"),
-            mem_total_bytes=_int(mem, "total"),
-            power_w=power_mw / 1000.0 if power_mw is not None else None,
-            power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
-            temp_c=float(temp) if temp is not None else None,
-            pcie_rx_bytes_per_s=rx_kb * 1024.0 if rx_kb is not None else None,
-            pcie_tx_bytes_per_s=tx_kb * 1024.0 if tx_kb is not None else None,
-            processes=tuple(
-                GpuProcess(pid=int(p.pid), gpu_mem_bytes=_opt_int(getattr(p, "usedGpuMemory", None)))
-                for p in (procs or ())
-            ),
-            util_history=history,
+            t_s,
+            index,
+            state.uuid,
+            state.name,
+            True,
+            None if util is None else _ratio(util.gpu),
+            None if util is None else _ratio(util.memory),
+            None if mem is None else int(mem.used),
+            None if mem is None else int(mem.total),
+            None if power_mw is None else power_mw / 1000.0,
+            None if limit_mw is None else limit_mw / 1000.0,
+            None if temp is None else float(temp),
+            None if rx_kb is None else rx_kb * 1024.0,
+            None if tx_kb is None else tx_kb * 1024.0,
+            tuple(GpuProcess(int(p.pid), _opt_int(getattr(p, "usedGpuMemory", None))) for p in procs)
+            if procs
+            else (),
+            history,
         )
 
     def _memory(self, state: _GpuState) -> Any:
@@ -381,6 +399,8 @@ class NvmlSource:
         if self._mem_v2 is not None and not state.memory_v1 and "memory" not in state.unsupported:
             try:
                 return nv.nvmlDeviceGetMemoryInfo(state.handle, version=self._mem_v2)
+            except TypeError:  # a pynvml patched by another library (gpustat does) takes no version
+                state.memory_v1 = True
             except self._error_type as e:
                 if _code(e) not in (_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH, _NOT_SUPPORTED):
                     if _code(e) in _LOST_CODES:
@@ -479,10 +499,8 @@ def _describe(e: BaseException, code: int | None) -> str:
     return f"{text} (NVML error {code})" if code is not None else text
 
 
-def _pct(obj: Any, attr: str) -> float | None:
-    if obj is None:
-        return None
-    return min(1.0, max(0.0, float(getattr(obj, attr)) / 100.0))
+def _ratio(percent: int) -> float:
+    return percent / 100.0 if 0 <= percent <= 100 else (1.0 if percent > 100 else 0.0)
 
 
 def _int(obj: Any, attr: str) -> int | None:

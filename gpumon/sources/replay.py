@@ -52,7 +52,7 @@ class ReplaySource:
                     UtilPoint(round(p.t_s + shift, 6), p.util_ratio) for p in g.util_history
                 )
         return [
-            replace(g, t_s=g.t_s + shift, util_history=tuple(history.get(g.index, ()))) for g in newest.gpus
+            g._replace(t_s=g.t_s + shift, util_history=tuple(history.get(g.index, ()))) for g in newest.gpus
         ]
 
     def host_poll(self, t_s: float, gpu_pids: object = ()) -> HostSample | None:

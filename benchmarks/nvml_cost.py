@@ -1,0 +1,176 @@
+"""CPU time per tick of gpumon's NVML source on 8 stand-in GPUs, against the floor and the peers.
+
+    .venv/bin/python -m benchmarks.nvml_cost [--ticks 300] [--repeats 5]
+
+All in one process, on the stand-in libnvidia-ml.so.1 (tests/fakenvml/) replaying 8 simulated
+GPUs through the real pynvml; the script re-runs itself with the stand-in loaded. CPU time is
+time.process_time (sleeps do not count), median of --repeats runs of --ticks ticks:
+
+  floor            the same pynvml calls gpumon makes, in a bare loop (handles cached,
+                   last-seen sample timestamps tracked), each value read once into a tuple:
+                   the least any program must do to get these numbers
+  gpumon           NvmlSource.poll, as `record` and `watch` run it on real GPUs (1 s call
+                   deadline: GPUs are read in a worker thread)
+  gpumon, no guard NvmlSource.poll without the deadline (what the worker thread does)
+  gpustat          gpustat.new_query(), gpustat's Python API for one query of all GPUs
+  nvitop           [d.as_snapshot() for d in Device.all()], nvitop's API snapshot
+
+Goals (issue 3): gpumon within 1.5x of the floor; at least 5x cheaper per sample than gpustat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+GPUS = int(os.environ.get("NVML_COST_GPUS", "8"))
+
+
+def interleaved(contenders: dict[str, tuple[Callable[[], object], int]], repeats: int) -> dict[str, float]:
+    """Median CPU seconds per tick of each contender; each round runs every contender once, so a
+    slow spell of the shared machine hits all of them alike."""
+    for tick, _ in contenders.values():
+        for _ in range(5):
+            tick()  # warm up: handles, caches, first-call costs
+    runs: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, (tick, ticks) in contenders.items():
+            t0 = time.process_time()
+            for _ in range(ticks):
+                tick()
+            runs[name].append((time.process_time() - t0) / ticks)
+    return {name: statistics.median(values) for name, values in runs.items()}
+
+
+def child(ticks: int, repeats: int, peers: bool) -> None:
+    import pynvml
+
+    from gpumon.sources.nvml import NvmlSource
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    assert len(handles) == GPUS
+    last_seen = [0] * GPUS
+
+    def floor() -> list[tuple]:
+        # The same calls, and each value read once (getting a value costs its attribute read).
+        out = []
+        pynvml.nvmlDeviceGetCount()
+        for i, h in enumerate(handles):
+            u = pynvml.nvmlDeviceGetUtilizationRates(h)
+            m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            values = [
+                u.gpu,
+                u.memory,
+                m.used,
+                m.total,
+                pynvml.nvmlDeviceGetPowerUsage(h),
+                pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+                pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+                [(p.pid, p.usedGpuMemory) for p in procs],
+            ]
+            try:
+                _, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen[i])
+                last_seen[i] = samples[-1].timeStamp
+                values.append([(s.timeStamp, s.sampleValue.uiVal) for s in samples])
+            except pynvml.NVMLError_NotFound:
+                pass
+            out.append(tuple(values))
+        return out
+
+    clock = time.monotonic
+    guarded = NvmlSource(pynvml, call_timeout_s=1.0)
+    guarded.open()
+    direct = NvmlSource(pynvml)
+    direct.open()
+
+    contenders: dict[str, tuple[Callable[[], object], int]] = {
+        "floor (bare pynvml calls)": (floor, ticks),
+        "gpumon": (lambda: guarded.poll(clock()), ticks),
+        "gpumon, no guard": (lambda: direct.poll(clock()), ticks),
+    }
+    results = interleaved(contenders, repeats)
+    if not peers:
+        base = results["floor (bare pynvml calls)"]
+        for name, value in results.items():
+            print(f"{GPUS} GPUs  {name:<28} {value * 1e3:>8.3f} ms/tick  {value / base:>5.2f}x the floor")
+        return
+    # Imported only now: gpustat replaces pynvml.nvmlDeviceGetMemoryInfo when imported.
+    import gpustat
+    from nvitop import Device
+
+    results.update(
+        interleaved(
+            {
+                "gpustat new_query()": (gpustat.new_query, max(20, ticks // 10)),
+                "nvitop as_snapshot()": (lambda: [d.as_snapshot() for d in Device.all()], ticks),
+            },
+            repeats,
+        )
+    )
+    base = results["floor (bare pynvml calls)"]
+    ours = results["gpumon"]
+    print(
+        f"NVML source CPU cost on {GPUS} stand-in GPUs, median of {repeats} runs "
+        f"({ticks} ticks; gpustat {max(20, ticks // 10)}: it sleeps 0.1 s per GPU)"
+    )
+    print(f"{'':<28} {'ms/tick':>8} {'µs/GPU-sample':>14} {'vs floor':>9} {'vs gpumon':>10}")
+    for name, value in results.items():
+        print(
+            f"{name:<28} {value * 1e3:>8.3f} {value / GPUS * 1e6:>14.1f} {value / base:>8.2f}x "
+            f"{value / ours:>9.2f}x"
+        )
+    print(
+        f"goals: gpumon within 1.5x of the floor: {ours / base:.2f}x; "
+        f"at least 5x cheaper than gpustat: {results['gpustat new_query()'] / ours:.1f}x"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ticks", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gpus", type=int, default=8, help="stand-in GPUs (at most 64)")
+    ap.add_argument("--no-peers", action="store_true", help="skip gpustat and nvitop (slow at 64 GPUs)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.ticks, args.repeats, not args.no_peers)
+        return
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    from tests.fakenvml import driver
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = driver.simulated_config(
+            Path(tmp), "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
+        )
+        env = driver.environment(config, PYTHONPATH=str(root), NVML_COST_GPUS=str(args.gpus))
+        os.execve(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.nvml_cost",
+                "--child",
+                "--ticks",
+                str(args.ticks),
+                "--repeats",
+                str(args.repeats),
+                *(["--no-peers"] if args.no_peers else []),
+            ],
+            env,
+        )
+
+
+if __name__ == "__main__":
+    main()
