@@ -80,7 +80,8 @@ def _speed(text: str) -> float:
     return _positive_float(text)
 
 
-def _add_source_flags(p: argparse.ArgumentParser, *, speed: bool) -> None:
+def _add_source_flags(p: argparse.ArgumentParser, *, speed: bool, unset_defaults: bool = False) -> None:
+    """`unset_defaults`: for `serve`, where a flag overrides the file and environment only when given."""
     g = p.add_argument_group("what to sample (default: this machine's GPUs through NVML)")
     which = g.add_mutually_exclusive_group()
     which.add_argument(
@@ -364,6 +365,45 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from gpumon import config as config_mod
+    from gpumon.daemon import Daemon, run_forever
+
+    flags = {
+        "listen": args.listen,
+        "interval_s": args.interval,
+        "web_config_file": args.web_config_file,
+        "simulate": args.simulate,
+        "gpus": args.gpus,
+        "seed": args.seed,
+        "sample_period_s": args.sample_period,
+        "replay": args.replay,
+    }
+
+    def load() -> config_mod.Config:
+        return config_mod.load(args.config, dict(os.environ), flags)
+
+    cfg = load()
+    if args.check_config:
+        from gpumon.web import load_web_config
+
+        load_web_config(cfg.web_config_file)
+        host, port = cfg.host_port
+        what = (
+            f"simulate {cfg.simulate}" if cfg.simulate else f"replay {cfg.replay}" if cfg.replay else "NVML"
+        )
+        print(
+            f"gpumon serve: configuration ok ({cfg.source_path or 'no file, defaults'}): "
+            f"listen {host or '*'}:{port}, interval {cfg.interval_s:g} s, "
+            f"{what}"
+        )
+        return EXIT_OK
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    return run_forever(Daemon(cfg, reload=load))
+
+
 def _describe(sources: OpenedSources) -> str:
     d = sources.description
     if d["kind"] == "simulated":
@@ -477,6 +517,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threshold_flag(s)
     _add_source_flags(s, speed=True)
     s.set_defaults(func=cmd_watch)
+
+    s = sub.add_parser(
+        "serve", parents=[common], help="the Prometheus exporter daemon: /metrics, /api/v1/state, /healthz"
+    )
+    s.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML configuration (default: $GPUMON_CONFIG, else /etc/gpumon/gpumon.toml if present)",
+    )
+    s.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default :9877)")
+    s.add_argument(
+        "--interval", type=_positive_float, metavar="SECONDS", help="sampling interval (default 1)"
+    )
+    s.add_argument("--web-config-file", metavar="FILE", help="TLS and basic auth (exporter-toolkit format)")
+    s.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    _add_source_flags(s, speed=False, unset_defaults=True)
+    s.set_defaults(func=cmd_serve)
     return p
 
 

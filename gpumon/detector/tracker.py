@@ -92,6 +92,7 @@ class StarvationDetector:
     seconds_in_state: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
     wasted_gpu_s: float = 0.0
     episodes_started: dict[str, int] = field(default_factory=dict)
+    starved_seconds_by_cause: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES_KEPT)
@@ -162,6 +163,8 @@ class StarvationDetector:
         dt = 0.0 if self._last_t is None else min(t - self._last_t, self.thresholds.window_s)
         self._last_t = t
         self.seconds_in_state[op.state] = self.seconds_in_state.get(op.state, 0.0) + dt
+        if op.cause is not None:
+            self.starved_seconds_by_cause[op.cause] = self.starved_seconds_by_cause.get(op.cause, 0.0) + dt
         wasted = dt * waste_share(op.state, ev)
         self.wasted_gpu_s += wasted
         op.wasted_gpu_s += wasted

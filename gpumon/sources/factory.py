@@ -37,7 +37,10 @@ class OpenedSources:
         return self.description.get("kind") == "simulated"
 
 
-def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
+def open_sources(
+    opts: SourceOptions, clock: Clock, *, retry_nvml: bool = False, nvml_call_timeout_s: float | None = None
+) -> OpenedSources:
+    """`retry_nvml`: a daemon keeps trying a missing driver (with backoff) instead of failing."""
     if opts.replay is not None:
         from gpumon.sources.replay import ReplayHost, ReplaySource
         from gpumon.trace import read_trace
@@ -81,8 +84,10 @@ def open_sources(opts: SourceOptions, clock: Clock) -> OpenedSources:
     from gpumon.sources.nvml import load_pynvml
 
     # A real driver can hang a call (a GPU falling off the bus): never wait on one for long.
-    nvml = NvmlSource(load_pynvml(), call_timeout_s=NVML_CALL_TIMEOUT_S)
-    nvml.open()  # NoDriverError, with its one-line hint, when there is no driver
+    nvml = NvmlSource(
+        load_pynvml(), call_timeout_s=nvml_call_timeout_s or NVML_CALL_TIMEOUT_S, retry_init=retry_nvml
+    )
+    nvml.open()  # NoDriverError, with its one-line hint, when there is no driver (unless retrying)
     return OpenedSources(
         gpu=nvml, host=HostSource(load_psutil()), description={"kind": "nvml"}, close=nvml.close
     )

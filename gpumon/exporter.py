@@ -1,0 +1,231 @@
+"""Prometheus metrics from a snapshot: a custom collector building fresh families per collect().
+
+Never global gauges: a GPU that vanishes simply has no series in the next snapshot. The values
+are sampled in the background (the detector needs sub-second history), so `gpumon_last_sample_age_seconds`
+says how old they are. docs/metrics.md lists every series; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpumon import __version__
+from gpumon.detector.classify import CAUSES, STATES
+from gpumon.snapshot import Snapshot
+
+GPU_LABELS = ["gpu", "uuid"]
+
+
+class GpumonCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot | None], now: Callable[[], float]) -> None:
+        self._snapshot = snapshot
+        self._now = now
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _build_info()
+        s = self._snapshot()
+        if s is None:
+            return
+        yield from _gpu_metrics(s)
+        yield from _host_metrics(s)
+        yield from _self_metrics(s, self._now())
+
+
+def _build_info() -> Iterator[Metric]:
+    m = GaugeMetricFamily("gpumon_build_info", "gpumon's version, as a label; always 1.", labels=["version"])
+    m.add_metric([__version__], 1)
+    yield m
+
+
+def _gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=GPU_LABELS + (extra or []))
+
+
+def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
+    bg = " Sampled in the background every tick; see gpumon_last_sample_age_seconds."
+    info = _gauge("gpumon_gpu_info", "GPU identity; always 1.", ["name"])
+    up = _gauge("gpumon_gpu_up", "1 when the GPU answered NVML this tick, 0 when lost or hung.")
+    util = _gauge(
+        "gpumon_gpu_utilization_ratio",
+        "Share of the driver's last sample period in which a kernel ran (NVML)." + bg,
+    )
+    mem_util = _gauge(
+        "gpumon_gpu_memory_utilization_ratio",
+        "Share of the last sample period in which device memory was read or written.",
+    )
+    mem_used = _gauge(
+        "gpumon_gpu_memory_used_bytes", "Device memory used (NVML v2: without the driver's reserve)."
+    )
+    mem_total = _gauge("gpumon_gpu_memory_total_bytes", "Device memory in all.")
+    power = _gauge("gpumon_gpu_power_watts", "Power draw.")
+    limit = _gauge("gpumon_gpu_power_limit_watts", "Enforced power limit.")
+    temp = _gauge("gpumon_gpu_temperature_celsius", "GPU temperature.")
+    procs = _gauge("gpumon_gpu_processes", "Compute processes on the GPU.")
+    duty = _gauge(
+        "gpumon_gpu_duty_cycle_ratio",
+        "Mean of the driver's sub-second utilization samples over the detector's window.",
+    )
+    gap = _gauge(
+        "gpumon_gpu_idle_gap_seconds",
+        "Mean length of the idle gaps in the window, at the driver's sample resolution.",
+    )
+    bursts = _gauge("gpumon_gpu_bursts_per_second", "Bursts of work seen per second in the window.")
+    job_cpu = _gauge(
+        "gpumon_gpu_job_cpu_cores",
+        "CPU used by the GPU's processes and their descendants (loader workers), in cores.",
+    )
+    busiest = _gauge(
+        "gpumon_gpu_job_busiest_process_cpu_ratio",
+        "The busiest single process of the job (main or a loader worker), share of one core.",
+    )
+    state = _gauge(
+        "gpumon_gpu_state", "1 for the GPU's current state (docs/detector.md), 0 for the others.", ["state"]
+    )
+    cause = _gauge(
+        "gpumon_gpu_starvation_cause",
+        "1 for the cause of a starved GPU (cpu, io, host), 0 for the others and when not starved.",
+        ["cause"],
+    )
+    conf = _gauge("gpumon_gpu_state_confidence_ratio", "The detector's confidence in the current state.")
+    since = _gauge("gpumon_gpu_state_duration_seconds", "How long the GPU has been in its current state.")
+    in_state = CounterMetricFamily(
+        "gpumon_gpu_state_seconds",
+        "Seconds spent in each state since gpumon started.",
+        labels=[*GPU_LABELS, "state"],
+    )
+    starved = CounterMetricFamily(
+        "gpumon_gpu_starved_seconds", "Seconds spent starved, by cause.", labels=[*GPU_LABELS, "cause"]
+    )
+    wasted = CounterMetricFamily(
+        "gpumon_gpu_wasted_seconds",
+        "GPU-seconds wasted: the idle share of starved and underutilized time, all of "
+        "stalled and sync-stall time.",
+        labels=GPU_LABELS,
+    )
+    episodes = CounterMetricFamily(
+        "gpumon_gpu_episodes", "Episodes started, by state and cause label.", labels=[*GPU_LABELS, "label"]
+    )
+    for g in s.tick.gpus:
+        lv = [str(g.index), g.uuid]
+        info.add_metric([*lv, g.name], 1)
+        up.add_metric(lv, 1 if g.available else 0)
+        for fam, value in (
+            (util, g.util_ratio),
+            (mem_util, g.mem_util_ratio),
+            (mem_used, g.mem_used_bytes),
+            (mem_total, g.mem_total_bytes),
+            (power, g.power_w),
+            (limit, g.power_limit_w),
+            (temp, g.temp_c),
+        ):
+            if value is not None:  # unsupported: the series is left out, not NaN
+                fam.add_metric(lv, value)
+        if g.available:
+            procs.add_metric(lv, len(g.processes))
+        v = s.verdict_for(g.index, g.uuid)
+        if v is not None:
+            ev = v.evidence
+            for fam, value in (
+                (duty, ev.duty_cycle),
+                (gap, ev.mean_gap_s),
+                (bursts, ev.bursts_per_s),
+                (job_cpu, ev.job_cpu_cores),
+                (busiest, ev.busiest_job_core),
+            ):
+                if value is not None:
+                    fam.add_metric(lv, round(value, 6))
+            for st in STATES:
+                state.add_metric([*lv, st], 1 if v.state == st else 0)
+            for c in CAUSES:
+                cause.add_metric([*lv, c], 1 if v.cause == c else 0)
+            conf.add_metric(lv, v.confidence)
+            since.add_metric(lv, round(s.t_s - v.since_s, 3))
+        counters = s.counters.get((g.index, g.uuid))
+        if counters is not None:
+            for st in STATES:
+                in_state.add_metric([*lv, st], round(counters.seconds_in_state.get(st, 0.0), 3))
+            for c in CAUSES:
+                starved.add_metric([*lv, c], round(counters.starved_seconds_by_cause.get(c, 0.0), 3))
+            wasted.add_metric(lv, round(counters.wasted_gpu_s, 3))
+            for label, n in sorted(counters.episodes_started.items()):
+                episodes.add_metric([*lv, label], n)
+    yield from (
+        info,
+        up,
+        util,
+        mem_util,
+        mem_used,
+        mem_total,
+        power,
+        limit,
+        temp,
+        procs,
+        duty,
+        gap,
+        bursts,
+        job_cpu,
+        busiest,
+        state,
+        cause,
+        conf,
+        since,
+        in_state,
+        starved,
+        wasted,
+        episodes,
+    )
+
+
+def _host_metrics(s: Snapshot) -> Iterator[Metric]:
+    h = s.tick.host
+    if h is None:
+        return
+    for name, doc, value in (
+        ("gpumon_host_cpu_ratio", "Share of all CPUs busy over the last tick.", h.cpu_ratio),
+        (
+            "gpumon_host_busiest_core_ratio",
+            "The busiest single CPU over the last tick.",
+            h.busiest_core_ratio,
+        ),
+        ("gpumon_host_iowait_ratio", "Share of CPU time idle with I/O outstanding.", h.iowait_ratio),
+        ("gpumon_host_load1", "1-minute load average.", h.load1),
+        ("gpumon_host_disk_read_bytes_per_second", "Storage reads, all disks.", h.disk_read_bytes_per_s),
+        ("gpumon_host_cpus", "Logical CPUs.", h.cpu_count),
+    ):
+        if value is not None:
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _self_metrics(s: Snapshot, now: float) -> Iterator[Metric]:
+    ok = GaugeMetricFamily(
+        "gpumon_source_up", "1 when the source's last reading succeeded.", labels=["source"]
+    )
+    dur = GaugeMetricFamily(
+        "gpumon_source_duration_seconds", "How long the source's last reading took.", labels=["source"]
+    )
+    fails = CounterMetricFamily("gpumon_source_failures", "Failed readings since start.", labels=["source"])
+    for name, st in sorted(s.sources.items()):
+        ok.add_metric([name], 1 if st.last_success else 0)
+        dur.add_metric([name], round(st.last_duration_s, 6))
+        fails.add_metric([name], st.failures)
+    yield from (ok, dur, fails)
+    yield GaugeMetricFamily(
+        "gpumon_last_sample_age_seconds",
+        "Seconds since the newest sample: the values are sampled in the background.",
+        value=round(max(0.0, now - s.t_s), 3),
+    )
+    yield GaugeMetricFamily("gpumon_gpus", "GPUs seen in the last tick.", value=len(s.tick.gpus))
+    yield CounterMetricFamily("gpumon_sampler_ticks", "Sampler ticks since start.", value=s.ticks)
+    yield CounterMetricFamily(
+        "gpumon_sampler_skipped_ticks",
+        "Ticks skipped because the sampler fell behind.",
+        value=s.skipped_ticks,
+    )
+    yield GaugeMetricFamily(
+        "gpumon_simulated",
+        "1 when the GPUs are simulated (--simulate) or replayed.",
+        value=0 if s.source_description.get("kind") == "nvml" else 1,
+    )

@@ -1,0 +1,106 @@
+"""What the daemon publishes after each tick: an immutable snapshot that sinks (the exporter, the
+state API) read without ever touching a source. A hung GPU cannot stall a scrape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.detector.tracker import Verdict
+from gpumon.model import Tick
+from gpumon.sampler import SourceStats
+
+SCHEMA = "gpumon-state/1"
+
+
+@dataclass(frozen=True)
+class GpuCounters:
+    """Totals since the daemon started, per GPU (Prometheus counters)."""
+
+    seconds_in_state: dict[str, float]
+    starved_seconds_by_cause: dict[str, float]
+    episodes_started: dict[str, int]
+    wasted_gpu_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    t_s: float
+    """Sampler clock of the tick."""
+    tick: Tick
+    verdicts: tuple[Verdict, ...]
+    counters: dict[tuple[int, str], GpuCounters]
+    sources: dict[str, SourceStats]
+    ticks: int
+    skipped_ticks: int
+    source_description: dict[str, Any]
+    problems: tuple[str, ...] = field(default=())
+
+    def verdict_for(self, index: int, uuid: str) -> Verdict | None:
+        for v in self.verdicts:
+            if v.index == index and v.uuid == uuid:
+                return v
+        return None
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
+    """The `/api/v1/state` document (docs/metrics.md, "State API")."""
+    host = s.tick.host
+    gpus = []
+    for g in s.tick.gpus:
+        v = s.verdict_for(g.index, g.uuid)
+        c = s.counters.get((g.index, g.uuid))
+        gpus.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "available": g.available,
+                "error": g.error,
+                "util_ratio": g.util_ratio,
+                "mem_used_bytes": g.mem_used_bytes,
+                "mem_total_bytes": g.mem_total_bytes,
+                "mem_used_ratio": _r(g.mem_used_bytes / g.mem_total_bytes)
+                if g.mem_used_bytes is not None and g.mem_total_bytes
+                else None,
+                "power_w": g.power_w,
+                "power_limit_w": g.power_limit_w,
+                "temp_c": g.temp_c,
+                "processes": len(g.processes),
+                "state": v.state if v else "unknown",
+                "cause": v.cause if v else None,
+                "label": v.label if v else "unknown",
+                "confidence": v.confidence if v else 0.0,
+                "since_s": _r(s.t_s - v.since_s, 3) if v else None,
+                "reason": v.reason if v else None,
+                "evidence": v.evidence.as_dict() if v else None,
+                "wasted_gpu_s": _r(c.wasted_gpu_s, 3) if c else 0.0,
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "age_s": round(age_s, 3),
+        "ticks": s.ticks,
+        "source": s.source_description,
+        "simulated": s.source_description.get("kind") == "simulated",
+        "host": None
+        if host is None
+        else {
+            "cpu_count": host.cpu_count,
+            "cpu_ratio": host.cpu_ratio,
+            "busiest_core_ratio": host.busiest_core_ratio,
+            "iowait_ratio": host.iowait_ratio,
+            "load1": host.load1,
+            "disk_read_bytes_per_s": host.disk_read_bytes_per_s,
+        },
+        "gpus": gpus,
+        "sources": {
+            name: {"up": st.last_success, "failures": st.failures, "duration_s": round(st.last_duration_s, 6)}
+            for name, st in s.sources.items()
+        },
+        "problems": list(s.problems),
+    }
