@@ -111,7 +111,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 
 def _validate(cfg: Config, where: str) -> Config:
-    parse_listen(cfg.listen)
+    try:
+        parse_listen(cfg.listen)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     for key, low in (
         ("interval_s", 0.05),
         ("window_s", 5.0),

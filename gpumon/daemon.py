@@ -197,6 +197,19 @@ class Daemon:
         )
         return self.web.port
 
+    def start_http_only(self) -> int:
+        """Serve what is already sampled, without the sampling thread (tests tick by hand)."""
+        host, port = self.cfg.host_port
+        self.web = WebServer(
+            (host, port),
+            Routes(self.render_metrics, self.state, self.health, self.landing),
+            self.web_config,
+            self.cfg.max_connections,
+            self.cfg.request_timeout_s,
+        )
+        self.web.start()
+        return self.web.port
+
     def _sample(self) -> None:
         try:
             self.sampler.run(stop=self.stop_event, exhausted=self.sources.exhausted)
@@ -205,7 +218,11 @@ class Daemon:
             self.stop_event.set()
 
     def wait_ready(self, timeout: float) -> bool:
-        ok = self._ready.wait(timeout)
+        """Wait for the first published sample; a stop (SIGTERM during start-up) ends the wait."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.is_set() and not self.stop_event.is_set() and time.monotonic() < deadline:
+            self._ready.wait(0.1)
+        ok = self._ready.is_set()
         if ok and self.snapshot is not None:
             self.notifier.ready(f"sampling {len(self.snapshot.tick.gpus)} GPU(s)")
         return ok

@@ -38,3 +38,11 @@ def nvidia_driver_present() -> bool:
 @pytest.fixture
 def run_gpumon():
     return gpumon
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite the golden files (tests/golden/) from what the code produces now",
+    )

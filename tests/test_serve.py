@@ -1,0 +1,426 @@
+"""`gpumon serve`: the metrics a fleet scrapes, the HTTP side, configuration and lifecycle."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpumon.clock import VirtualClock
+from gpumon.config import Config, ConfigError, load
+from gpumon.daemon import Daemon, source_options
+from gpumon.model import GpuSample
+from gpumon.sources.factory import OpenedSources, open_sources
+
+from .conftest import ROOT
+
+GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
+
+
+def simulated_daemon(
+    scenarios: str = "starved-cpu,healthy,starved-io,idle", seconds: int = 20, **cfg_kw
+) -> Daemon:
+    """A daemon on a virtual clock, ticked `seconds` times without threads."""
+    clock = VirtualClock()
+    cfg = Config(simulate=scenarios, listen="127.0.0.1:0", **cfg_kw)
+    daemon = Daemon(cfg, clock=clock, sources=open_sources(source_options(cfg), clock))
+    daemon.sampler.process_time = lambda: 0.0  # source durations then come from the virtual clock only
+    daemon.sampler.run(duration_s=seconds)
+    return daemon
+
+
+def test_metrics_match_the_golden_file(request: pytest.FixtureRequest) -> None:
+    """What users see on /metrics for a fixed simulated fleet; `pytest --update-golden` rewrites it."""
+    text = simulated_daemon().render_metrics("")[0].decode()
+    if request.config.getoption("--update-golden"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "the /metrics text changed: review, then run pytest --update-golden"
+
+
+def test_metrics_follow_prometheus_conventions() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: scripts/test.sh installs Debian's prometheus package")
+    body = simulated_daemon().render_metrics("")[0]
+    p = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), p.stdout + p.stderr
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name, labels)
+
+
+def test_metrics_say_which_gpu_is_starved_and_why() -> None:
+    text = simulated_daemon().render_metrics("")[0].decode()
+    assert sample(text, "gpumon_gpu_state", gpu="0", state="starved") == 1
+    assert sample(text, "gpumon_gpu_starvation_cause", gpu="0", cause="cpu") == 1
+    assert sample(text, "gpumon_gpu_starvation_cause", gpu="2", cause="io") == 1
+    assert sample(text, "gpumon_gpu_state", gpu="1", state="healthy") == 1
+    assert sample(text, "gpumon_gpu_state", gpu="3", state="idle") == 1
+    assert sample(text, "gpumon_gpu_state", gpu="1", state="starved") == 0
+    assert sample(text, "gpumon_gpu_starved_seconds_total", gpu="0", cause="cpu") > 10
+    assert sample(text, "gpumon_gpu_wasted_seconds_total", gpu="0") > 5
+    assert sample(text, "gpumon_gpu_wasted_seconds_total", gpu="1") == 0
+    assert sample(text, "gpumon_gpu_duty_cycle_ratio", gpu="0") < 0.4
+    assert sample(text, "gpumon_simulated") == 1
+    assert sample(text, "gpumon_source_up", source="nvml") == 1
+
+
+def test_unsupported_fields_are_left_out_not_nan() -> None:
+    d = simulated_daemon("healthy", seconds=3)
+    snap = d.snapshot
+    g = snap.tick.gpus[0]._replace(power_w=None, temp_c=None)
+    d.snapshot = type(snap)(**{**snap.__dict__, "tick": snap.tick.__class__(snap.t_s, (g,), snap.tick.host)})
+    text = d.render_metrics("")[0].decode()
+    assert "gpumon_gpu_power_watts{" not in text and "gpumon_gpu_temperature_celsius{" not in text
+    assert "NaN" not in text and "gpumon_gpu_utilization_ratio{" in text
+
+
+def test_openmetrics_when_the_scraper_asks() -> None:
+    body, ctype = simulated_daemon(seconds=3).render_metrics("application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+
+def get(
+    url: str,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    method: str = "GET",
+    data: bytes | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    req = urllib.request.Request(url, headers=headers or {}, method=method, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+@pytest.fixture
+def served():
+    daemons: list[Daemon] = []
+
+    def start(**cfg_kw) -> str:
+        d = simulated_daemon(**cfg_kw)
+        port = d.start_http_only()
+        daemons.append(d)
+        scheme = "https" if d.web_config.tls else "http"
+        return f"{scheme}://127.0.0.1:{port}"
+
+    yield start
+    for d in daemons:
+        d.stop()
+
+
+def test_endpoints(served) -> None:
+    base = served()
+    code, body, headers = get(base + "/metrics")
+    assert code == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b"gpumon_gpu_state{" in body
+    code, body, _ = get(base + "/api/v1/state")
+    state = json.loads(body)
+    assert state["schema"] == "gpumon-state/1" and state["simulated"] is True
+    assert [g["label"] for g in state["gpus"]] == ["starved-cpu", "healthy", "starved-io", "idle"]
+    assert state["gpus"][0]["evidence"]["duty_cycle"] < 0.4
+    assert get(base + "/healthz")[0] == 200
+    code, body, _ = get(base + "/")
+    assert code == 200 and b'href="/metrics"' in body
+    assert get(base + "/nope")[0] == 404
+    assert get(base + "/metrics", method="POST", data=b"x")[0] == 405
+    assert get(base + "/metrics", data=None, headers={"Content-Length": "5"})[0] in (400, 413)
+
+
+def test_basic_auth_and_tls(served, tmp_path: Path) -> None:
+    import bcrypt
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n"
+    )
+    base = served(web_config_file=str(web))
+    assert base.startswith("https://")
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    code, _, headers = get(base + "/metrics", context=ctx)
+    assert code == 401 and "Basic" in headers["WWW-Authenticate"]
+    bad = base64.b64encode(b"prometheus:wrong").decode()
+    assert get(base + "/metrics", {"Authorization": f"Basic {bad}"}, ctx)[0] == 401
+    good = base64.b64encode(b"prometheus:s3cret").decode()
+    code, body, _ = get(base + "/metrics", {"Authorization": f"Basic {good}"}, ctx)
+    assert code == 200 and b"gpumon_gpu_up" in body
+    with pytest.raises(OSError):  # plain HTTP to a TLS port gets nothing (reset, or a URLError)
+        urllib.request.urlopen(base.replace("https", "http") + "/metrics", timeout=5)
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("tls_server_config:\n  cert_file: /nope.pem\n", "needs both cert_file and key_file"),
+        ("basic_auth_users:\n  alice: plaintext\n", "expected a bcrypt hash"),
+        ("bogus: 1\n", "unknown key 'bogus'"),
+        ("tls_server_config: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_web_config_names_the_problem(tmp_path: Path, content: str, needle: str) -> None:
+    from gpumon.web import WebConfigError, load_web_config
+
+    path = tmp_path / "web.yml"
+    path.write_text(content)
+    with pytest.raises(WebConfigError, match=re.escape(needle)):
+        load_web_config(str(path))
+
+
+def test_too_many_clients_are_refused_not_queued(served) -> None:
+    base = served(max_connections=2, request_timeout_s=2.0)
+    host, port = base.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(2)]  # slow clients: say nothing
+    try:
+        time.sleep(0.2)
+        code, _, _ = get(base + "/healthz")
+        assert code == 503
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    assert get(base + "/healthz")[0] == 200
+
+
+def test_a_hung_source_never_stalls_a_scrape() -> None:
+    clock = VirtualClock()
+    cfg = Config(simulate="healthy", listen="127.0.0.1:0")
+    real = open_sources(source_options(cfg), clock)
+    release = threading.Event()
+
+    class Hanging:
+        name = "nvml"
+        calls = 0
+
+        def poll(self, t_s: float) -> list[GpuSample]:
+            Hanging.calls += 1
+            if Hanging.calls > 3:
+                release.wait(30)  # a driver call that never returns
+            return real.gpu.poll(t_s)
+
+    daemon = Daemon(cfg, clock=clock, sources=OpenedSources(Hanging(), real.host, real.description))
+    daemon.sampler.run(duration_s=3)
+    port = daemon.start_http_only()
+    worker = threading.Thread(target=daemon.sampler.tick, daemon=True)
+    worker.start()  # the fourth tick hangs inside the source
+    try:
+        time.sleep(0.2)
+        clock.advance(30.0)
+        start = time.monotonic()
+        code, body, _ = get(f"http://127.0.0.1:{port}/metrics")
+        assert code == 200 and time.monotonic() - start < 1.0
+        age = sample(body.decode(), "gpumon_last_sample_age_seconds")
+        assert age >= 30, "the scrape says how old its data is"
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 503
+    finally:
+        release.set()
+        daemon.stop()
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_precedence_is_flags_then_environment_then_file(tmp_path: Path) -> None:
+    f = tmp_path / "gpumon.toml"
+    f.write_text('listen = ":9001"\ninterval_s = 2\nsimulate = "healthy"\n[thresholds]\nfed_duty = 0.7\n')
+    assert load(str(f), {}, {}).listen == ":9001"
+    assert load(str(f), {"GPUMON_LISTEN": ":9002"}, {}).listen == ":9002"
+    assert load(str(f), {"GPUMON_LISTEN": ":9002"}, {"listen": ":9003"}).listen == ":9003"
+    cfg = load(str(f), {}, {})
+    assert cfg.interval_s == 2.0 and cfg.thresholds.fed_duty == 0.7 and cfg.simulate == "healthy"
+    assert load(None, {"GPUMON_CONFIG": str(f)}, {}).listen == ":9001"
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('lisen = ":9001"\n', "unknown key 'lisen'"),
+        ('interval_s = "soon"\n', "interval_s must be a number"),
+        ("interval_s = 0\n", "interval_s must be >= 0.05"),
+        ('listen = "9001"\n', "listen: expected HOST:PORT"),
+        ('listen = ":99999"\n', "port must be 0-65535"),
+        ("[thresholds]\nfed_dutty = 0.5\n", "unknown threshold 'fed_dutty'"),
+        ("[thresholds]\nfed_duty = 3\n", "fed_duty"),
+        ("interval_s = \n", "not valid TOML"),
+        ('log_level = "loud"\n', "log_level must be"),
+    ],
+)
+def test_bad_configuration_names_the_key(tmp_path: Path, content: str, needle: str) -> None:
+    f = tmp_path / "gpumon.toml"
+    f.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load(str(f), {}, {})
+    assert needle in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+    assert e.value.exit_code == 7
+
+
+def gpumon_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumon", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        cwd=ROOT,
+    )
+
+
+def test_check_config(tmp_path: Path) -> None:
+    good = ROOT / "systemd" / "gpumon.toml"
+    p = gpumon_cli("serve", "--check-config", "--config", str(good))
+    assert p.returncode == 0 and "configuration ok" in p.stdout, p.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("intervl_s = 1\n")
+    p = gpumon_cli("serve", "--check-config", "--config", str(bad))
+    assert p.returncode == 7 and "unknown key 'intervl_s'" in p.stderr and "Traceback" not in p.stderr
+    p = gpumon_cli("serve", "--check-config", "--config", str(tmp_path / "missing.toml"))
+    assert p.returncode == 7 and "no such config file" in p.stderr
+    p = gpumon_cli("serve", "--check-config", env={"GPUMON_LISTEN": "nowhere"})
+    assert p.returncode == 7 and "listen: expected HOST:PORT" in p.stderr
+
+
+# -- lifecycle, as systemd runs it ------------------------------------------------------------------
+
+
+class ServeProcess:
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpumon",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "info",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port = int(self.wait_for(r"serving on 127\.0\.0\.1:(\d+)").group(1))
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 20) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                m = re.search(pattern, line)
+                if m:
+                    return m
+            time.sleep(0.05)
+        raise AssertionError(f"never logged {pattern!r}: {''.join(self.lines)}")
+
+
+def test_sigterm_stops_cleanly_within_two_seconds(tmp_path: Path) -> None:
+    s = ServeProcess(tmp_path, "--simulate", "healthy")
+    assert get(f"http://127.0.0.1:{s.port}/metrics")[0] == 200
+    start = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    s.proc.wait(timeout=10)
+    assert time.monotonic() - start < 2.0 and s.proc.returncode == 0
+    assert "Traceback" not in "".join(s.lines)
+
+
+def test_sighup_reloads_and_a_bad_reload_keeps_the_running_config(tmp_path: Path) -> None:
+    conf = tmp_path / "gpumon.toml"
+    conf.write_text('simulate = "underutilized"\n')
+    s = ServeProcess(tmp_path, "--config", str(conf))
+    base = f"http://127.0.0.1:{s.port}"
+    time.sleep(14)  # the detector needs its window and confirmation
+    state = json.loads(get(base + "/api/v1/state")[1])
+    assert state["gpus"][0]["label"] == "underutilized"
+    conf.write_text('simulate = "underutilized"\n[thresholds]\nfed_duty = 0.2\n')  # 35% is now "fed"
+    s.proc.send_signal(signal.SIGHUP)
+    s.wait_for("configuration reloaded")
+    deadline = time.monotonic() + 15
+    while json.loads(get(base + "/api/v1/state")[1])["gpus"][0]["label"] != "healthy":
+        assert time.monotonic() < deadline, "the new threshold never applied"
+        time.sleep(0.5)
+    conf.write_text("not toml at all = = =\n")
+    s.proc.send_signal(signal.SIGHUP)
+    s.wait_for("reload failed, keeping the running configuration")
+    assert get(base + "/healthz")[0] == 200
+    s.proc.send_signal(signal.SIGTERM)
+    s.proc.wait(timeout=10)
+
+
+def test_systemd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(15)
+    s = ServeProcess(
+        tmp_path, "--simulate", "healthy", env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "3000000"}
+    )
+    messages = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and sum("WATCHDOG=1" in m for m in messages) < 2:
+        messages.append(sock.recv(4096).decode())
+    assert any("READY=1" in m for m in messages)
+    assert sum("WATCHDOG=1" in m for m in messages) >= 2, "pings come from the sampling loop, every tick"
+    s.proc.send_signal(signal.SIGTERM)
+    stop_seen = False
+    while not stop_seen:
+        stop_seen = "STOPPING=1" in sock.recv(4096).decode()
+    s.proc.wait(timeout=10)
+    sock.close()
