@@ -4,9 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests run for real: gcc builds the stand-in libnvidia-ml.so.1.
+# Debian packages the tests run for real: gcc builds the stand-in libnvidia-ml.so.1; a real
+# Prometheus server and promtool check the exporter, its alert rules and the dashboard;
+# systemd-analyze rates the unit; openssl makes a throwaway certificate for the TLS test.
 need=()
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "test: missing ${need[*]}: install them (apt-get install ${need[*]}) and run again" >&2
