@@ -546,12 +546,51 @@ def _add_threshold_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+_SYSLOG_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+class _JournalFormatter(logging.Formatter):
+    """Under systemd, stderr goes to journald: a "<N>" prefix carries the priority, and journald
+    already adds the time and the unit's name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{record.getMessage()}"
+
+
+def _stderr_is_journal() -> bool:
+    import os
+
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    if ":" not in stream:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if _stderr_is_journal():
+        handler.setFormatter(_JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("gpumon: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="gpumon: %(levelname)s: %(message)s"
-    )
+    _setup_logging(args.log_level)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

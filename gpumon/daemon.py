@@ -279,7 +279,10 @@ def run_forever(daemon: Daemon) -> int:
     signal.signal(signal.SIGINT, lambda *_: daemon.stop_event.set())
     signal.signal(signal.SIGHUP, lambda *_: hup.set())
     daemon.start()
-    if not daemon.wait_ready(timeout=max(30.0, 10 * daemon.cfg.interval_s)):
+    if (
+        not daemon.wait_ready(timeout=max(30.0, 10 * daemon.cfg.interval_s))
+        and not daemon.stop_event.is_set()
+    ):
         log.warning("no sample yet after start: serving anyway")
     while not daemon.stop_event.is_set():
         daemon.stop_event.wait(0.2)

@@ -424,3 +424,32 @@ def test_systemd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
         stop_seen = "STOPPING=1" in sock.recv(4096).decode()
     s.proc.wait(timeout=10)
     sock.close()
+
+
+def test_logs_carry_syslog_priorities_under_journald(tmp_path: Path) -> None:
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        st = os.fstat(err.fileno())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpumon", "serve", "--simulate", "healthy", "--listen", "127.0.0.1:0"],
+            stderr=err,
+            stdout=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}"),
+        )
+        deadline = time.monotonic() + 20
+        while "serving on" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    lines = log.read_text().splitlines()
+    assert lines and all(re.match(r"<[0-7]>", ln) for ln in lines), lines
+    assert any(ln.startswith("<6>serving on 127.0.0.1:") for ln in lines)
+    p = subprocess.run(
+        [sys.executable, "-m", "gpumon", "serve", "--check-config", "--config", "/nonexistent.toml"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert p.stderr.startswith("gpumon") and p.returncode == 7  # not under journald: plain lines
