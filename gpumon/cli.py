@@ -404,6 +404,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_forever(Daemon(cfg, reload=load))
 
 
+def cmd_dstat_plugin(args: argparse.Namespace) -> int:
+    from gpumon import dstat_install
+
+    if args.action == "install":
+        for path in dstat_install.install(args.system):
+            print(f"installed {path}")
+        print("try: dstat -c --gpu 5    (or: dool -c --gpu 5); GPUMON_URL points it at another daemon")
+    else:
+        removed = dstat_install.uninstall(args.system)
+        print("\n".join(f"removed {p}" for p in removed) or "nothing to remove")
+    return EXIT_OK
+
+
 def _describe(sources: OpenedSources) -> str:
     d = sources.description
     if d["kind"] == "simulated":
@@ -534,6 +547,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     _add_source_flags(s, speed=False, unset_defaults=True)
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser(
+        "dstat-plugin", parents=[common], help="install or remove the `dstat --gpu` / `dool --gpu` plugin"
+    )
+    s.add_argument("action", choices=["install", "uninstall"])
+    where = s.add_mutually_exclusive_group()
+    where.add_argument(
+        "--user",
+        dest="system",
+        action="store_false",
+        default=False,
+        help="for this user: ~/.dstat/ and ~/.local/share/dool/plugins/ (default)",
+    )
+    where.add_argument(
+        "--system",
+        dest="system",
+        action="store_true",
+        help="for everyone: /usr/local/share/dstat/ and /usr/local/share/dool/",
+    )
+    s.set_defaults(func=cmd_dstat_plugin)
     return p
 
 

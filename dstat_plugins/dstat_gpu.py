@@ -1,0 +1,174 @@
+### dstat_gpu: per-GPU utilization, memory and gpumon's starvation verdict, for `dstat --gpu`
+### and (installed as dool_gpu.py) `dool --gpu`. Standard library only: Debian's dstat runs it under
+### the system python3, where gpumon's virtual environment is not importable.
+###
+### Data, in order of preference:
+###   1. the gpumon daemon's state API ($GPUMON_URL, default http://127.0.0.1:9877): utilization,
+###      memory and the detector's verdict;
+###   2. NVML straight through ctypes (libnvidia-ml.so.1): utilization and memory, state "-";
+###   3. neither: check() fails with one line saying what to start or install (dstat exits 8).
+###
+### Columns per GPU: util (%), mem (% used), state:
+###   ok  healthy    STcpu STio SThst  starved (cause: CPU, storage, host)    stall  stalled
+###   sync  sync-stall    under  underutilized    idle  no job    ?  unknown    -  no verdict
+### Starved, stalled and sync-stall GPUs are shown in white on red.
+###
+### Also repairs Debian dstat 0.7.4's `--output file.csv` crash (NameError: types) for the run.
+###
+### The file is exec'd inside dstat's main(): top-level names are not visible in methods unless
+### declared global, hence the `global` lines.
+
+global types, _json, _gpumon_state_codes, _gpumon_alarm_states
+
+import json as _json  # noqa: E402 - plugins are executed, not imported
+
+
+class types:  # noqa: N801 - the name dstat's showcsv looks up
+    """dstat 0.7.4 on Python 3 calls types.ListType in showcsv; give it what it means."""
+
+    ListType = list
+    TupleType = tuple
+    StringType = str
+
+
+_gpumon_state_codes = {
+    "healthy": "ok", "starved-cpu": "STcpu", "starved-io": "STio", "starved-host": "SThst",
+    "stalled": "stall", "sync-stall": "sync", "underutilized": "under", "idle": "idle", "unknown": "?",
+}
+_gpumon_alarm_states = ("starved", "stalled", "sync-stall")
+
+try:
+    _gpumon_base = dstat  # noqa: F821 - provided by dstat
+except NameError:
+    _gpumon_base = dool  # noqa: F821 - provided by dool
+
+
+class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
+    def __init__(self):
+        self.name = ["gpu"]
+        self.nick = ("util", "mem", "state")
+        self.vars = ["gpu"]
+        self.type = "s"
+        self.width = 5
+        self.scale = 0
+        self.mode = None
+        self.url = None
+        self.lib = None
+        self.handles = []
+
+    # -- where the numbers come from -------------------------------------------------------------
+
+    def check(self):
+        import os
+
+        self.url = os.environ.get("GPUMON_URL", "http://127.0.0.1:9877").rstrip("/")
+        state = self._daemon_state()
+        if state is not None and state.get("ready"):
+            self.mode = "daemon"
+            gpus = [g["index"] for g in state.get("gpus", [])]
+        else:
+            gpus = self._nvml_open()
+            if gpus is None:
+                raise Exception(
+                    "no GPU data: start the gpumon daemon (gpumon serve; it did not answer at %s, "
+                    "set GPUMON_URL to change that) or install the NVIDIA driver (libnvidia-ml.so.1)"
+                    % self.url
+                )
+            self.mode = "nvml"
+        if not gpus:
+            raise Exception("no GPUs found (%s)" % ("gpumon daemon" if self.mode == "daemon" else "NVML"))
+        self.vars = ["gpu%d" % i for i in gpus]
+        self.name = list(self.vars)
+        return True
+
+    def _daemon_state(self):
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + "/api/v1/state", timeout=1.0) as r:
+                return _json.loads(r.read().decode())
+        except Exception:
+            return None
+
+    def _nvml_open(self):
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return None
+        count = ctypes.c_uint(0)
+        init = getattr(lib, "nvmlInit_v2", None) or getattr(lib, "nvmlInit", None)
+        if init is None or init() != 0 or lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        self.lib = lib
+        self.handles = []
+        for i in range(count.value):
+            h = ctypes.c_void_p()
+            self.handles.append(h if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) == 0 else None)
+        return list(range(count.value))
+
+    def _nvml_read(self, handle):
+        import ctypes
+
+        class Utilization(ctypes.Structure):
+            _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+        class MemoryV2(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong),
+                        ("reserved", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                        ("used", ctypes.c_ulonglong)]
+
+        if handle is None:
+            return -1, -1
+        u, m = Utilization(), MemoryV2(version=0x02000028)
+        util = u.gpu if self.lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(u)) == 0 else -1
+        ok = self.lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(m)) == 0 and m.total
+        return util, (100.0 * m.used / m.total if ok else -1)
+
+    def extract(self):
+        if self.mode == "daemon":
+            state = self._daemon_state() or {}
+            by_name = {"gpu%d" % g["index"]: g for g in state.get("gpus", [])}
+            for name in self.vars:
+                g = by_name.get(name)
+                if g is None or not g.get("available", False):
+                    self.val[name] = [-1, -1, "-" if g is None else "lost"]
+                    continue
+                util = g.get("util_ratio")
+                mem = g.get("mem_used_ratio")
+                self.val[name] = [
+                    -1 if util is None else 100.0 * util,
+                    -1 if mem is None else 100.0 * mem,
+                    g.get("label") or "unknown",
+                ]
+        else:
+            for name, handle in zip(self.vars, self.handles):
+                util, mem = self._nvml_read(handle)
+                self.val[name] = [util, mem, "-"]
+
+    # -- what is shown ---------------------------------------------------------------------------
+
+    def show(self):
+        parts = []
+        for name in self.vars:
+            util, mem, label = self.val.get(name, [-1, -1, "-"])
+            code = _gpumon_state_codes.get(label, label)[: self.width]
+            text = code.ljust(self.width)
+            if label.split("-")[0] in _gpumon_alarm_states or label == "sync-stall":
+                text = theme["error"] + text + theme["default"]  # noqa: F821 - dstat's colours
+            parts.append(cprint(util, "p", self.width, 34) + " " + cprint(mem, "p", self.width, 34)  # noqa: F821
+                         + " " + text)
+        return (theme["frame"] + char["colon"]).join(parts)  # noqa: F821
+
+    def showcsv(self):
+        cells = []
+        for name in self.vars:
+            util, mem, label = self.val.get(name, [-1, -1, "-"])
+            cells.append("%.0f" % util if util >= 0 else "")
+            cells.append("%.1f" % mem if mem >= 0 else "")
+            cells.append(label)
+        return char["sep"].join(cells)  # noqa: F821
+
+
+dool_plugin = dstat_plugin

@@ -1,0 +1,271 @@
+"""`dstat --gpu` (Debian's dstat 0.7.4) and `dool --gpu` (PyPI dool), the real binaries, with the
+plugin installed by `gpumon dstat-plugin install`."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import http.server
+import io
+import json
+import os
+import pty
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakenvml import driver
+
+from .conftest import ROOT
+
+GOLDEN = Path(__file__).parent / "golden"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name) if name == "dstat" else str(Path(sys.executable).parent / name)
+    if not path or not Path(path).exists():
+        pytest.fail(f"{name} is missing: scripts/test.sh installs it (dstat from Debian, dool from PyPI)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A HOME with the plugin installed the documented way."""
+    home = tmp_path_factory.mktemp("home")
+    p = subprocess.run(
+        [sys.executable, "-m", "gpumon", "dstat-plugin", "install", "--user"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, HOME=str(home), PYTHONPATH=str(ROOT)),
+    )
+    assert p.returncode == 0, p.stderr
+    assert (home / ".dstat" / "dstat_gpu.py").exists()
+    assert (home / ".local/share/dool/plugins/dool_gpu.py").exists()
+    return home
+
+
+def run(
+    which: str, args: list[str], home: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    base = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / ".local/share"), TERM="dumb")
+    base.pop("LD_LIBRARY_PATH", None)
+    base.update(env or {})
+    return subprocess.run(
+        [tool(which), *args], capture_output=True, text=True, env=base, timeout=timeout, cwd=home
+    )
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """`gpumon serve --simulate starved-cpu,healthy`, once its detector has settled."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "serve",
+            "--simulate",
+            "starved-cpu,healthy",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            import urllib.request
+
+            state = json.loads(urllib.request.urlopen(url + "/api/v1/state", timeout=2).read())
+            if [g["label"] for g in state.get("gpus", [])] == ["starved-cpu", "healthy"]:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "gpumon serve never settled"
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def rows(stdout: str) -> list[str]:
+    return [ln for ln in ANSI.sub("", stdout).splitlines() if re.match(r"\s*\d", ln)]
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_the_starved_gpu_shows_its_state_beside_the_cpu(home: Path, daemon: str, which: str) -> None:
+    p = run(which, ["-c", "--gpu", "1", "3"], home, {"GPUMON_URL": daemon})
+    assert p.returncode == 0, p.stderr
+    text = ANSI.sub("", p.stdout)
+    assert re.search(r"gpu0.*gpu1", text) and "util" in text and "state" in text and "usr" in text
+    body = rows(p.stdout)
+    assert len(body) >= 3
+    for line in body:
+        gpu0, gpu1 = re.split(r"[:┊]", line.split("|" if which == "dstat" else "│", 1)[1])
+        util0, mem0, state0 = gpu0.split()
+        util1, _, state1 = gpu1.split()
+        assert state0 == "STcpu" and state1 == "ok"
+        assert 5 <= int(util0) <= 60 and int(util1) >= 80 and int(mem0) == 60
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_csv_output_works_and_has_numeric_columns(
+    home: Path, daemon: str, which: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "gpu.csv"
+    p = run(which, ["-c", "--gpu", "--output", str(out), "1", "3"], home, {"GPUMON_URL": daemon})
+    assert p.returncode == 0, p.stderr  # Debian's dstat crashes here without the plugin's repair
+    table = list(csv.reader(io.StringIO(out.read_text())))
+    header = next(i for i, r in enumerate(table) if "gpu0:util" in r)
+    cols = table[header]
+    data = [r for r in table[header + 1 :] if r]
+    assert len(data) >= 3
+    for r in data:
+        values = dict(zip(cols, r))
+        assert 0 <= float(values["gpu0:util"]) <= 100 and 0 <= float(values["gpu1:mem"]) <= 100
+        assert values["gpu0:state"] == "starved-cpu" and values["gpu1:state"] == "healthy"
+        assert float(values["usr"]) >= 0
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_without_a_daemon_it_reads_nvml_directly(home: Path, which: str, tmp_path: Path) -> None:
+    config = driver.simulated_config(tmp_path, "healthy,starved-cpu", epoch_us=1_700_000_000_000_000)
+    env = driver.environment(config, FAKENVML_NOW_US="30000000", GPUMON_URL=f"http://127.0.0.1:{free_port()}")
+    p = run(
+        which,
+        ["--gpu", "1", "2"],
+        home,
+        {k: env[k] for k in ("LD_LIBRARY_PATH", "FAKENVML_CONFIG", "FAKENVML_NOW_US", "GPUMON_URL")},
+    )
+    assert p.returncode == 0, p.stderr
+    ours = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "gpumon", "devices", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(env, PYTHONPATH=str(ROOT)),
+        ).stdout
+    )["gpus"]
+    for line in rows(p.stdout):
+        blocks = re.split(r"[:┊]", line)
+        assert len(blocks) == 2
+        for g, block in zip(ours, blocks):
+            util, mem, state = block.split()
+            assert state == "-", "no daemon, no verdict"
+            assert int(util) == round(g["util_ratio"] * 100)
+            assert int(mem) == round(100 * g["mem_used_bytes"] / g["mem_total_bytes"])
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_with_neither_it_says_what_to_start_and_exits_8(home: Path, which: str) -> None:
+    p = run(which, ["--gpu", "1", "1"], home, {"GPUMON_URL": f"http://127.0.0.1:{free_port()}"})
+    assert p.returncode == 8
+    failed = [ln for ln in p.stderr.splitlines() if "dstat_gpu" in ln or "dool_gpu" in ln]
+    assert len(failed) == 1 and "gpumon serve" in failed[0] and "libnvidia-ml.so.1" in failed[0]
+    assert "Traceback" not in p.stderr
+
+
+# -- golden screen: a fixed fleet from a stub daemon ---------------------------------------------------
+
+
+FIXED_STATE = {
+    "schema": "gpumon-state/1",
+    "ready": True,
+    "gpus": [
+        {"index": 0, "available": True, "util_ratio": 0.31, "mem_used_ratio": 0.6, "label": "starved-cpu"},
+        {"index": 1, "available": True, "util_ratio": 0.97, "mem_used_ratio": 0.75, "label": "healthy"},
+        {"index": 2, "available": True, "util_ratio": 0.18, "mem_used_ratio": 0.5, "label": "starved-io"},
+        {"index": 3, "available": False, "util_ratio": None, "mem_used_ratio": None, "label": "unknown"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def stub_daemon():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(FIXED_STATE).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_screen_matches_the_golden_file(
+    home: Path, stub_daemon: str, which: str, request: pytest.FixtureRequest
+) -> None:
+    p = run(which, ["--gpu", "1", "3"], home, {"GPUMON_URL": stub_daemon})
+    assert p.returncode == 0, p.stderr
+    screen = "\n".join(ln.rstrip() for ln in ANSI.sub("", p.stdout).splitlines() if ln.strip()) + "\n"
+    golden = GOLDEN / f"{which}_screen.txt"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(screen)
+    assert screen == golden.read_text(), (
+        f"the {which} --gpu screen changed: review, then pytest --update-golden"
+    )
+
+
+def test_a_starved_gpu_stands_out_in_red_on_a_terminal(home: Path, stub_daemon: str) -> None:
+    """With a TTY, dstat colours: the starved state in white on red, a healthy one plain."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))  # dstat fits the terminal
+    env = dict(os.environ, HOME=str(home), TERM="xterm", GPUMON_URL=stub_daemon)
+    proc = subprocess.Popen(
+        [tool("dstat"), "--gpu", "1", "2"],
+        stdin=slave,
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=home,
+    )
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    proc.wait(timeout=10)
+    os.close(master)
+    text = output.decode(errors="replace")
+    red_bg = "\x1b[41m"
+    starved = [m.start() for m in re.finditer("STcpu", text)]
+    assert starved and all(red_bg in text[max(0, i - 20) : i] for i in starved)
+    healthy = [m.start() for m in re.finditer("ok   ", text)]
+    assert healthy and not any(red_bg in text[max(0, i - 8) : i] for i in healthy)
