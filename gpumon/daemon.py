@@ -177,35 +177,19 @@ class Daemon:
 
     def start(self) -> int:
         """Start sampling and serving; returns the port (useful with port 0)."""
-        host, port = self.cfg.host_port
-        self.web = WebServer(
-            (host, port),
-            Routes(self.render_metrics, self.state, self.health, self.landing),
-            self.web_config,
-            self.cfg.max_connections,
-            self.cfg.request_timeout_s,
-        )
         self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-sampler", daemon=True)
         self._sampler_thread.start()
-        self.web.start()
-        log.info(
-            "serving on %s:%d (%s), sampling every %g s",
-            host or "*",
-            self.web.port,
-            "https" if self.web_config.tls else "http",
-            self.cfg.interval_s,
-        )
-        return self.web.port
+        port = self.start_http_only()
+        host = self.cfg.host_port[0]
+        scheme = "https" if self.web_config.tls else "http"
+        log.info("serving on %s:%d (%s), sampling every %g s", host or "*", port, scheme, self.cfg.interval_s)
+        return port
 
     def start_http_only(self) -> int:
-        """Serve what is already sampled, without the sampling thread (tests tick by hand)."""
-        host, port = self.cfg.host_port
+        """Serve what is already sampled; `start` adds the sampling thread (tests tick by hand)."""
+        routes = Routes(self.render_metrics, self.state, self.health, self.landing)
         self.web = WebServer(
-            (host, port),
-            Routes(self.render_metrics, self.state, self.health, self.landing),
-            self.web_config,
-            self.cfg.max_connections,
-            self.cfg.request_timeout_s,
+            self.cfg.host_port, routes, self.web_config, self.cfg.max_connections, self.cfg.request_timeout_s
         )
         self.web.start()
         return self.web.port

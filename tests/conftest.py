@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,13 @@ def gpumon(
         env=full_env,
         cwd=cwd,
     )
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for servers the tests start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def nvidia_driver_present() -> bool:

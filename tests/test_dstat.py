@@ -12,7 +12,6 @@ import os
 import pty
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -25,16 +24,10 @@ import pytest
 
 from tests.fakenvml import driver
 
-from .conftest import ROOT
+from .conftest import ROOT, free_port
 
 GOLDEN = Path(__file__).parent / "golden"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tool(name: str) -> str:

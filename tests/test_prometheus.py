@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,9 @@ import urllib.request
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, free_port
 
 MONITORING = ROOT / "monitoring"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def api(base: str, path: str, **params: str) -> dict:
