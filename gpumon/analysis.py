@@ -6,6 +6,7 @@ aligned with the trace's own times, so an offline verdict is the one the daemon 
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,3 +286,88 @@ def to_json(a: Analysis) -> dict[str, Any]:
         ],
         "warnings": a.trace.warnings,
     }
+
+
+# -- ground truth (gpumon bench --truth) ----------------------------------------------------------
+
+
+@dataclass
+class TruthReport:
+    judged: int
+    agreed: int
+    starved_windows: int
+    starved_flagged: int
+    fed_windows: int
+    fed_unflagged: int
+    skipped: int
+    """Windows outside the trace, within the detector's settling time after a job started (its
+    window plus confirmation), or only moderately input-bound."""
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.judged if self.judged else 0.0
+
+    def render(self, path: str) -> str:
+        return (
+            f"ground truth {path}: {self.judged} windows judged, {self.agreed} agree "
+            f"({self.agreement:.0%}); highly input-bound flagged starved {self.starved_flagged}/"
+            f"{self.starved_windows}; not input-bound left unflagged "
+            f"{self.fed_unflagged}/{self.fed_windows}; "
+            f"{self.skipped} not judged (moderately input-bound, settling after a job started, "
+            "or outside the trace)"
+        )
+
+
+def compare_truth(a: Analysis, truth_path: str) -> TruthReport:
+    """Judge each decisive truth window by the verdicts inside it (their majority, once settled)."""
+    from gpumon.errors import TraceError
+
+    started = a.trace.header.get("started_unix_s")
+    if not isinstance(started, (int, float)):
+        raise TraceError(a.trace.path, 1, "the header has no started_unix_s: cannot line up --truth")
+    windows = []
+    try:
+        with open(truth_path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        w = json.loads(line)
+                        windows.append(
+                            (
+                                float(w["start_unix_s"]) - started,
+                                float(w["end_unix_s"]) - started,
+                                str(w["expected"]),
+                                str(w.get("pipeline", "")),
+                            )
+                        )
+                    except (ValueError, KeyError, TypeError):
+                        raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
+    except OSError as e:
+        raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
+    settle = a.thresholds.window_s + a.thresholds.confirm_s
+    verdicts = [v for g in a.gpus for v in g.verdicts]
+    first = min((v.t_s for v in verdicts), default=0.0)
+    rep = TruthReport(0, 0, 0, 0, 0, 0, 0)
+    job_start, previous = 0.0, None
+    for start, end, expected, pipeline in windows:
+        # A new job (another pipeline, or a break between windows) starts a settling span: the
+        # detector needs its window and confirmation after every change (docs/detector.md).
+        if previous is None or pipeline != previous[1] or start - previous[0] > 2.0:
+            job_start = start
+        previous = (end, pipeline)
+        ready = max(first, job_start) + settle
+        inside = [v for v in verdicts if start <= v.t_s < end and v.t_s >= ready and v.state != "unknown"]
+        if expected not in ("starved", "healthy") or not inside or end <= ready:
+            rep.skipped += 1
+            continue
+        starved = sum(v.state == "starved" for v in inside) > len(inside) / 2
+        rep.judged += 1
+        if expected == "starved":
+            rep.starved_windows += 1
+            rep.starved_flagged += starved
+            rep.agreed += starved
+        else:
+            rep.fed_windows += 1
+            rep.fed_unflagged += not starved
+            rep.agreed += not starved
+    return rep

@@ -90,6 +90,11 @@ def _add_source_flags(p: argparse.ArgumentParser, *, speed: bool, unset_defaults
         help="simulated GPUs following these scenarios, cycled over the GPUs (see 'gpumon scenarios')",
     )
     which.add_argument("--replay", metavar="FILE", help="play back a recorded trace")
+    which.add_argument(
+        "--drive",
+        metavar="FILE",
+        help="one simulated GPU, busy while a job's train steps run (gpumon bench --drive FILE)",
+    )
     g.add_argument(
         "--gpus",
         type=_gpu_count,
@@ -132,6 +137,7 @@ def _source_options(args: argparse.Namespace) -> SourceOptions:
         seed=args.seed,
         sample_period_s=args.sample_period,
         replay=args.replay,
+        drive=args.drive,
     )
 
 
@@ -139,8 +145,8 @@ def _clock(args: argparse.Namespace) -> Clock:
     speed = getattr(args, "speed", 1.0)
     if speed == 1.0:
         return MonotonicClock()
-    if args.simulate is None and args.replay is None:
-        raise UsageError("--speed needs --simulate or --replay: real GPUs run in real time")
+    if (args.simulate is None and args.replay is None) or getattr(args, "drive", None):
+        raise UsageError("--speed needs --simulate or --replay: real GPUs and driven ones run in real time")
     return VirtualClock() if speed == float("inf") else ScaledClock(speed)
 
 
@@ -275,11 +281,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         from gpumon.plot import plot
 
         plot(result, args.plot)
+    truth = None
+    if args.truth:
+        from gpumon.analysis import compare_truth
+
+        truth = compare_truth(result, args.truth)
     if args.json:
-        json.dump(to_json(result), sys.stdout, indent=1)
+        doc = to_json(result)
+        if truth is not None:
+            doc["truth"] = {"file": args.truth, **truth.__dict__, "agreement": round(truth.agreement, 4)}
+        json.dump(doc, sys.stdout, indent=1)
         print()
     else:
         print(render_text(result))
+        if truth is not None:
+            print(truth.render(args.truth))
         if args.plot:
             print(f"plot: {args.plot}")
     return EXIT_OK
@@ -380,6 +396,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "sample_period_s": args.sample_period,
         "replay": args.replay,
+        "drive": args.drive,
     }
 
     def load() -> config_mod.Config:
@@ -402,6 +419,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     logging.getLogger().setLevel(cfg.log_level.upper())
     return run_forever(Daemon(cfg, reload=load))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from gpumon.bench.job import BenchOptions, run
+    except ImportError as e:
+        from gpumon.errors import MissingDependency
+
+        raise MissingDependency(
+            f"gpumon bench needs Keras 3 and a backend ({e.name} is missing): pip install "
+            "'gpumon-datastall[bench]' torch (on machines without a GPU: torch==2.13.0, the CPU build)"
+        ) from None
+    result = run(
+        BenchOptions(
+            pipeline=args.pipeline,
+            duration_s=args.duration,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            drive=args.drive,
+            truth=args.truth,
+            save=args.save,
+            verbose=0 if args.quiet else 1,
+        )
+    )
+    print(
+        f"gpumon bench: {args.pipeline}: {result['steps']:.0f} steps in {result['seconds']:.0f} s "
+        f"on {result['gpus']:.0f} device(s), batch {result['batch']:.0f}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
 
 
 def cmd_dstat_plugin(args: argparse.Namespace) -> int:
@@ -505,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="per-window verdicts and episodes as JSON (docs/detector.md)"
     )
     s.add_argument("--plot", metavar="FILE.png", help="also draw a timeline to this PNG file")
+    s.add_argument(
+        "--truth",
+        metavar="FILE",
+        help="ground truth from `gpumon bench --truth`: how well the detector agreed",
+    )
     _add_threshold_flag(s)
     s.set_defaults(func=cmd_analyze)
 
@@ -547,6 +599,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     _add_source_flags(s, speed=False, unset_defaults=True)
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="a Keras training job, fed or starved on purpose (needs the bench extra)",
+    )
+    s.add_argument("--pipeline", choices=["fed", "starved-cpu", "starved-io"], default="fed")
+    s.add_argument("--duration", type=_positive_float, default=60.0, metavar="SECONDS")
+    s.add_argument("--batch-size", type=int, default=64, metavar="N")
+    s.add_argument(
+        "--workers", type=int, default=2, metavar="N", help="loader processes for the fed pipeline"
+    )
+    s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
+    s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
+    s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
+    s.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser(
         "dstat-plugin", parents=[common], help="install or remove the `dstat --gpu` / `dool --gpu` plugin"

@@ -38,6 +38,8 @@ class Config:
     seed: int = 0
     sample_period_s: float = 1 / 6
     replay: str | None = None
+    drive: str | None = None
+    """One simulated GPU driven by a job's train steps (`gpumon bench --drive FILE`)."""
     nvml_call_timeout_s: float = 1.0
     max_connections: int = 64
     request_timeout_s: float = 10.0

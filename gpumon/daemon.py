@@ -63,6 +63,7 @@ def source_options(cfg: Config) -> SourceOptions:
         seed=cfg.seed,
         sample_period_s=cfg.sample_period_s,
         replay=cfg.replay,
+        drive=cfg.drive,
     )
 
 

@@ -28,6 +28,13 @@ if [ ! -e "$stamp" ]; then
     echo "setup: installing into $VENV failed; pip's whole output is in $log" >&2
     exit 1
   fi
+  if [[ ",$extras," == *",bench,"* ]] && ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    # Keras's backend: torch 2.13.0, the CPU build that these machines hold on disk (a GPU
+    # machine that has torch already keeps its own CUDA build: this step is skipped there).
+    echo "setup: installing torch==2.13.0 for the Keras benchmark job" >&2
+    "$VENV/bin/python" -m pip install --disable-pip-version-check "torch==2.13.0" >>"$log" 2>&1 \
+      || { tail -n 30 "$log" >&2; echo "setup: installing torch failed; see $log" >&2; exit 1; }
+  fi
   rm -f "$VENV"/.gpumon-installed-*
   touch "$stamp"
 fi

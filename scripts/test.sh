@@ -24,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-GPUMON_EXTRAS=dev source scripts/setup.sh
+GPUMON_EXTRAS=dev,bench source scripts/setup.sh
 echo "== building the stand-in libnvidia-ml.so.1" >&2
 python -c 'from tests.fakenvml.driver import build; print(build())' >&2
 echo "== ruff" >&2

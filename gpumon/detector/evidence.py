@@ -121,11 +121,33 @@ def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[Proces
     return [[p for p in h.processes if p.pid in wanted] for h in window.hosts]
 
 
+def _since_first_work(
+    points: tuple[UtilPoint, ...], samples: tuple[GpuSample, ...], th: Thresholds
+) -> tuple[UtilPoint, ...]:
+    """Drop what came before the job's first burst of work: a job starting up (importing,
+    compiling, allocating) leaves the GPU idle while its main process is busy, which is start-up,
+    not starvation. A job that never computes keeps its whole window (and ends up stalled)."""
+    job_since = None
+    appeared = False
+    for s in reversed(samples):  # when the job appeared, if we saw it appear in this window
+        if not s.processes:
+            appeared = True
+            break
+        job_since = s.t_s
+    if not appeared or job_since is None or not points or points[0].t_s >= job_since:
+        return points
+    for n, p in enumerate(points):
+        if p.t_s >= job_since and p.util_ratio > th.gap_util:
+            return points[n:]
+    return points
+
+
 def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     pts = window.points
     if len(pts) < 2 and window.samples:
         # No sub-second history (GetSamples unsupported, e.g. MIG): fall back to tick readings.
         pts = tuple(UtilPoint(s.t_s, s.util_ratio) for s in window.samples if s.util_ratio is not None)
+    pts = _since_first_work(pts, window.samples, th)
     values = [p.util_ratio for p in pts]
     period = None
     if len(pts) >= 2:

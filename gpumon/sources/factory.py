@@ -21,6 +21,8 @@ class SourceOptions:
     seed: int = 0
     sample_period_s: float = 1 / 6
     replay: str | None = None
+    drive: str | None = None
+    """A simulated GPU driven by a job writing this file (`gpumon bench --drive`)."""
 
 
 @dataclass
@@ -60,6 +62,27 @@ def open_sources(
 
     from gpumon.sources.host import HostSource
     from gpumon.sources.nvml import NvmlSource
+
+    if opts.drive is not None:
+        from gpumon.sim.driven import driven_fleet
+        from gpumon.sources.host import load_psutil
+
+        fleet = driven_fleet(opts.drive, clock, opts.sample_period_s)
+        nvml = NvmlSource(fleet.nvml())
+        nvml.open()
+        # the GPU is simulated, the host is not: the job's real processes are read
+        return OpenedSources(
+            gpu=nvml,
+            host=HostSource(load_psutil()),
+            description={
+                "kind": "simulated",
+                "scenarios": ["driven"],
+                "gpus": 1,
+                "driven_by": opts.drive,
+                "sample_period_s": round(opts.sample_period_s, 6),
+            },
+            close=nvml.close,
+        )
 
     if opts.simulate is not None:
         from gpumon.sim.fleet import Fleet

@@ -1,0 +1,74 @@
+"""End to end with a real Keras job: its train steps drive a simulated GPU, its real processes are
+read from the host, and the detector is held to the job's own measured ground truth."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumon.analysis import analyze, compare_truth
+
+from .conftest import ROOT
+
+PHASE_S = 19
+
+
+def gpumon(*args: str, **kw) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpumon", *args],
+        cwd=ROOT,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path) -> None:
+    if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch") is None:
+        pytest.fail("the bench extra is missing: scripts/test.sh installs keras and torch==2.13.0 (CPU)")
+    start = time.monotonic()
+    drive, truth, trace = tmp_path / "drive", tmp_path / "truth.jsonl", tmp_path / "trace.jsonl"
+    recorder = gpumon("record", "--drive", str(drive), "--duration", str(2 * PHASE_S + 6), "-o", str(trace))
+    for pipeline in ("fed", "starved-cpu"):
+        job = gpumon(
+            "bench",
+            "--pipeline",
+            pipeline,
+            "--duration",
+            str(PHASE_S),
+            "--drive",
+            str(drive),
+            "--truth",
+            str(truth),
+            "--quiet",
+        )
+        _, err = job.communicate(timeout=120)
+        assert job.returncode == 0, err
+    _, err = recorder.communicate(timeout=120)
+    assert recorder.returncode == 0, err
+    assert time.monotonic() - start <= 60, "the end-to-end test must stay within a minute"
+
+    result = analyze(str(trace))
+    (gpu,) = result.gpus
+    assert gpu.name.endswith("(simulated)")
+    labels = [e.label for e in gpu.episodes if e.state != "unknown"]
+    assert labels[-1] == "starved-cpu", labels
+    switch = [e.start_s for e in gpu.episodes if e.label == "starved-cpu"][-1]
+    fed = [v.label for v in gpu.verdicts if 12 <= v.t_s < switch]
+    assert fed and not any(label.startswith("starved") for label in fed), "the fed phase was flagged"
+    report = compare_truth(result, str(truth))
+    # in a one-minute run, windows inside the detector's settling time after each start are not judged
+    assert report.starved_windows >= 1 and report.starved_flagged == report.starved_windows
+    assert report.agreement == 1.0
+    windows = [json.loads(line) for line in truth.read_text().splitlines()]
+    assert {w["pipeline"] for w in windows} == {"fed", "starved-cpu"}
+    assert all(w["band"] != "highly" for w in windows if w["pipeline"] == "fed"), "the fed job was not fed"
