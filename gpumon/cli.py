@@ -451,6 +451,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpumon.demo import run_demo
+
+    return run_demo(args.phase_seconds, args.listen, Path(args.out))
+
+
 def cmd_dstat_plugin(args: argparse.Namespace) -> int:
     from gpumon import dstat_install
 
@@ -599,6 +607,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     _add_source_flags(s, speed=False, unset_defaults=True)
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="the product end to end without a GPU: a real Keras job, fed then starved",
+    )
+    s.add_argument(
+        "--phase-seconds",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="length of the fed and of the starved phase (default 60)",
+    )
+    s.add_argument(
+        "--listen",
+        default="127.0.0.1:9877",
+        metavar="HOST:PORT",
+        help="where the exporter serves meanwhile (default 127.0.0.1:9877; :0 for any free port)",
+    )
+    s.add_argument(
+        "--out",
+        default="gpumon-demo",
+        metavar="DIR",
+        help="trace, ground truth and plot (default gpumon-demo/)",
+    )
+    s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser(
         "bench",

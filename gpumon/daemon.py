@@ -75,11 +75,12 @@ class Daemon:
         clock: Clock | None = None,
         sources: OpenedSources | None = None,
         notifier: Notifier | None = None,
+        base_clock: Clock | None = None,
     ) -> None:
         self.cfg = cfg
         self._reload = reload
         self.stop_event = threading.Event()
-        self.clock = clock or StoppableClock(self.stop_event)
+        self.clock = clock or StoppableClock(self.stop_event, base_clock)
         self.notifier = notifier or Notifier()
         self.web_config = load_web_config(cfg.web_config_file)
         self.sources = sources or open_sources(

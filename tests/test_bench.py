@@ -62,7 +62,7 @@ def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path)
     assert gpu.name.endswith("(simulated)")
     labels = [e.label for e in gpu.episodes if e.state != "unknown"]
     assert labels[-1] == "starved-cpu", labels
-    switch = [e.start_s for e in gpu.episodes if e.label == "starved-cpu"][-1]
+    switch = next(e.start_s for e in gpu.episodes if e.state == "starved")  # the starved job began
     fed = [v.label for v in gpu.verdicts if 12 <= v.t_s < switch]
     assert fed and not any(label.startswith("starved") for label in fed), "the fed phase was flagged"
     report = compare_truth(result, str(truth))
@@ -72,3 +72,36 @@ def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path)
     windows = [json.loads(line) for line in truth.read_text().splitlines()]
     assert {w["pipeline"] for w in windows} == {"fed", "starved-cpu"}
     assert all(w["band"] != "highly" for w in windows if w["pipeline"] == "fed"), "the fed job was not fed"
+
+
+def test_demo_flags_the_starved_phase_and_not_the_fed_one(tmp_path: Path) -> None:
+    """The README's run command on a machine without a GPU, with shorter phases."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "demo",
+            "--phase-seconds",
+            "18",
+            "--listen",
+            "127.0.0.1:0",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "SIMULATED GPU" in out and "/metrics" in out
+    fed = out.split("== phase fed", 1)[1].split("== phase starved-cpu", 1)[0]
+    starved = out.split("== phase starved-cpu", 1)[1].split("gpumon analyze", 1)[0]
+    assert "STARVED" not in fed, fed
+    assert "STARVED-CPU" in starved, starved
+    report = out.split("gpumon analyze", 1)[1]
+    assert "starved-cpu" in report  # an episode with its cause (the job's own wind-down may follow it)
+    assert (tmp_path / "demo.png").exists() and (tmp_path / "trace.jsonl").exists()

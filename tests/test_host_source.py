@@ -222,3 +222,31 @@ def test_children_are_looked_for_every_few_seconds_not_every_tick() -> None:
         assert len(scans) == 2
     finally:
         Proc.children = real_children  # type: ignore[method-assign]
+
+
+def test_a_worker_found_late_does_not_bring_its_whole_lifetime_into_one_tick() -> None:
+    ps = FakePsutil()
+    ps.cpu = {100: 0.0, 101: 0.0}
+    ps.children = {100: [101]}
+    born = {101: 0.0}  # wall-clock birth: long before gpumon's previous tick
+
+    def create_time(self) -> float:
+        return born[self.pid]
+
+    Proc.create_time = create_time  # type: ignore[attr-defined]
+    try:
+        src = HostSource(ps, children_rescan_s=5.0)
+        src._wall = lambda: 1_000_000.0  # type: ignore[method-assign]
+        src.poll(0.0, [100])
+        ps.cpu[105] = 40.0  # a worker that has run for a while, found at the next scan
+        born[105] = 10.0
+        ps.children = {100: [101, 105]}
+        for t in range(1, 6):
+            h = src.poll(float(t), [100])
+        assert h.processes[0].children == 2
+        assert h.processes[0].busiest_child_cpu_ratio <= 1.0, "its 40 s of past CPU are not this tick's"
+        ps.cpu[105] += 0.9
+        h = src.poll(6.0, [100])
+        assert h.processes[0].busiest_child_cpu_ratio == pytest.approx(0.9)
+    finally:
+        del Proc.create_time  # type: ignore[attr-defined]

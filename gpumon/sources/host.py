@@ -13,6 +13,7 @@ are left out; Linux iowait is unreliable on many cores (proc(5)), so disk read b
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -87,6 +88,11 @@ in /proc (the costliest thing the host source does); loader workers live long, s
 only the known ones are read. A worker born in between is counted from the next scan."""
 
 
+YOUNG_TREE_S = 30.0
+"""A job's loader workers usually start some seconds after the job (after the model is built): for
+this long after a GPU process is first seen, it is rescanned every tick until workers show up."""
+
+
 @dataclass
 class _Tree:
     proc: Any
@@ -96,6 +102,9 @@ class _Tree:
     read_bytes: int | None = None
     children: list[Any] = field(default_factory=list)
     scanned_t_s: float = float("-inf")
+    born_before: dict[int, bool] = field(default_factory=dict)
+    first_t_s: float = 0.0
+    """Per child found by the last scan: whether it existed before the previous tick."""
 
 
 def _cpu_s(proc: Any) -> float:
@@ -120,6 +129,8 @@ class HostSource:
         self._prev_cpu: list[Any] | None = None
         self._prev_disk: int | None = None
         self._trees: dict[int, _Tree] = {}
+        self._prev_wall: float | None = None
+        self._wall = time.time
         self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
     def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
@@ -128,6 +139,7 @@ class HostSource:
         procs = self._processes(sorted(set(gpu_pids)), t_s)
         prev_t, prev_cpu, prev_disk = self._prev_t, self._prev_cpu, self._prev_disk
         self._prev_t, self._prev_cpu, self._prev_disk = t_s, cur_cpu, disk
+        self._prev_wall = self._wall()
         if prev_t is None or prev_cpu is None:
             return None  # baseline only: rates need two readings
         dt = t_s - prev_t
@@ -170,14 +182,19 @@ class HostSource:
         tree = self._trees.get(pid)
         if tree is None:
             proc = self._ps.Process(pid)
-            tree = _Tree(proc=proc, name=proc.name(), cpu_s=_cpu_s(proc))
+            tree = _Tree(proc=proc, name=proc.name(), cpu_s=_cpu_s(proc), first_t_s=t_s)
             tree.children_cpu_s, tree.read_bytes = self._snapshot(tree, t_s)
             self._trees[pid] = tree
             return None  # baseline
         cpu_s = _cpu_s(tree.proc)
         children, read_bytes = self._snapshot(tree, t_s)
-        # A child first seen now was born during the tick: its whole time counts.
-        deltas = [max(0.0, c - tree.children_cpu_s.get(cpid, 0.0)) for cpid, c in children.items()]
+        # A child first seen now counts in full only if it was born during the tick; one found late
+        # (children are looked for every few seconds) would bring its whole lifetime into one tick.
+        born_before = tree.born_before
+        deltas = [
+            max(0.0, c - tree.children_cpu_s.get(cpid, c if born_before.get(cpid) else 0.0))
+            for cpid, c in children.items()
+        ]
         main = max(0.0, cpu_s - tree.cpu_s)
         read_rate = rate(tree.read_bytes, read_bytes, dt)
         tree.cpu_s, tree.children_cpu_s, tree.read_bytes = cpu_s, children, read_bytes
@@ -195,8 +212,13 @@ class HostSource:
 
     def _snapshot(self, tree: _Tree, t_s: float) -> tuple[dict[int, float], int | None]:
         """CPU seconds of each descendant, and read bytes of the whole tree (None if hidden)."""
-        if t_s - tree.scanned_t_s >= self._rescan_s:
+        young_and_alone = not tree.children and t_s - tree.first_t_s < YOUNG_TREE_S
+        if t_s - tree.scanned_t_s >= self._rescan_s or young_and_alone:
+            known = set(tree.children_cpu_s)
             tree.children = tree.proc.children(recursive=True)
+            tree.born_before = {
+                int(c.pid): self._older_than_last_tick(c) for c in tree.children if int(c.pid) not in known
+            }
             tree.scanned_t_s = t_s
         cpu: dict[int, float] = {}
         read_bytes: int | None = self._io_read(tree.proc)
@@ -211,6 +233,16 @@ class HostSource:
             read_bytes = None if child_read is None else read_bytes + child_read  # type: ignore[operator]
         tree.children = alive
         return cpu, read_bytes
+
+    def _older_than_last_tick(self, child: Any) -> bool:
+        """Whether the child was born before the previous poll (psutil's create_time, wall clock)."""
+        create_time = getattr(child, "create_time", None)
+        if create_time is None or self._prev_wall is None:
+            return False
+        try:
+            return float(create_time()) < self._prev_wall
+        except self._gone:
+            return False
 
     def _io_read(self, proc: Any) -> int | None:
         try:
