@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The real-GPU check (issue 7): on a lent NVIDIA GPU machine without network, in at most 8 minutes.
+# Records the real GPU with `gpumon record` (the real NVML path) while the Keras bench trains on
+# that GPU, fed for 60 s and then CPU-starved for 60 s, and analyzes the trace against the job's
+# own ground truth. Prints everything; commit what it printed under docs/ (docs/gpu-check.md).
+#
+# Python packages the machine lacks travel as wheels in .whl/ (benchmarks/fetch_gpu_wheels.sh
+# makes them here); the device tool's README explains carrying them. Run from the repo's root:
+#   bash benchmarks/gpu_check.sh            (the device tool: carry [".whl"], OUT set)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-check-out}"
+mkdir -p "$OUT"
+PY=python3
+[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3   # the machine's CUDA torch
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_check: installing the carried wheels failed" >&2; exit 1; }
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export KERAS_BACKEND="${KERAS_BACKEND:-torch}" PYTHONUNBUFFERED=1
+g() { "$PY" -m gpumon "$@"; }
+echo "== machine"; uname -a; "$PY" --version; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,utilization.gpu --format=csv 2>&1
+echo "== torch"; "$PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.device_count())'
+echo "== gpumon devices (NVML through pynvml)"; g devices; g devices --json
+echo "== gpumon record on the real GPU, while the bench trains: fed 60 s, then starved-cpu 60 s"
+g record --duration 140 -o "$OUT/gpu-trace.jsonl" --force &
+rec=$!
+sleep 3
+for p in fed starved-cpu; do
+  echo "-- bench $p"
+  g bench --pipeline "$p" --duration 60 --truth "$OUT/truth.jsonl" --quiet || echo "gpu_check: bench $p failed"
+done
+wait $rec
+echo "== gpumon analyze"
+g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl" --plot "$OUT/gpu-check.png" || \
+  g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl"
+echo "== ground truth windows"; cat "$OUT/truth.jsonl"
