@@ -105,3 +105,29 @@ def test_demo_flags_the_starved_phase_and_not_the_fed_one(tmp_path: Path) -> Non
     report = out.split("gpumon analyze", 1)[1]
     assert "starved-cpu" in report  # an episode with its cause (the job's own wind-down may follow it)
     assert (tmp_path / "demo.png").exists() and (tmp_path / "trace.jsonl").exists()
+
+
+def test_a_storage_starved_keras_job_is_flagged_io(tmp_path: Path) -> None:
+    """The starved-io pipeline reads its files from storage (page cache dropped) at ~60 MB/s."""
+    drive, truth, trace = tmp_path / "drive", tmp_path / "truth.jsonl", tmp_path / "trace.jsonl"
+    recorder = gpumon("record", "--drive", str(drive), "--duration", "26", "-o", str(trace))
+    job = gpumon(
+        "bench",
+        "--pipeline",
+        "starved-io",
+        "--duration",
+        "20",
+        "--drive",
+        str(drive),
+        "--truth",
+        str(truth),
+        "--quiet",
+    )
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err
+    recorder.communicate(timeout=120)
+    result = analyze(str(trace))
+    (gpu,) = result.gpus
+    assert gpu.main_label == "starved-io", dict(gpu.seconds_by_label)
+    report = compare_truth(result, str(truth))
+    assert report.starved_windows >= 1 and report.agreement == 1.0

@@ -74,6 +74,9 @@ def ev(**kw) -> Evidence:
         # both, but the CPU is busy host-wide rather than in the job: the job's reads decide
         (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6, host_cpu_ratio=0.95), None, "starved-io"),
         (ev(duty_cycle=0.3, bursty_quarters=3), None, "starved-host"),
+        # modest reads count as storage only when the GPU visibly waits in gaps
+        (ev(duty_cycle=0.3, bursty_quarters=3, job_read_bytes_per_s=20e6), None, "starved-io"),
+        (ev(duty_cycle=0.3, bursty_quarters=0, job_read_bytes_per_s=20e6), None, "underutilized"),
         (ev(duty_cycle=0.3, bursty_quarters=1), None, "underutilized"),  # a change, not bursts
         (ev(duty_cycle=0.3), None, "underutilized"),
         # the job's own reads are known and low: a neighbour's iowait is not its cause

@@ -18,6 +18,7 @@ from the template (single-device) copy.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -31,6 +32,8 @@ import keras
 import numpy as np
 
 IMAGE = (32, 32, 3)
+FILES = 8
+"""Files the starved-io pipeline cycles through."""
 CLASSES = 10
 TRUTH_WINDOW_S = 5.0
 
@@ -48,7 +51,8 @@ class BenchOptions:
     truth: str | None = None
     save: str | None = None
     verbose: int = 1
-    io_mb_per_s: float = 2.0
+    io_mb_per_s: float = 60.0
+    file_mb: float = 16.0
 
 
 def _batch(index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,20 +93,31 @@ class CpuHeavyData(FedData):
 
 
 class ThrottledFileData(FedData):
-    """Samples stored as files, read through a reader limited to `mb_per_s`: storage-bound."""
+    """Samples stored as files (padded to `file_mb`, as raw images would be), read from storage:
+    each file is dropped from the page cache first (posix_fadvise DONTNEED), then read at no more
+    than `mb_per_s`. The reads are real storage reads, the kind the host counters see."""
 
     def __init__(self, batch_size: int, batches: int, folder: str, mb_per_s: float, **kw: object) -> None:
         super().__init__(batch_size, batches, **kw)
         self.folder, self.mb_per_s = folder, mb_per_s
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        path = os.path.join(self.folder, f"batch-{i % 8}.npz")
+        path = os.path.join(self.folder, f"batch-{i % FILES}.npz")
         start = time.monotonic()
-        with open(path, "rb") as f:
-            raw = f.read()
-        # the throttle: as if the data came from storage at mb_per_s
-        time.sleep(max(0.0, len(raw) / (self.mb_per_s * 1e6) - (time.monotonic() - start)))
-        data = np.load(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # from storage, not page cache
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                # the throttle: storage that delivers mb_per_s
+                time.sleep(
+                    max(0.0, sum(map(len, chunks)) / (self.mb_per_s * 1e6) - (time.monotonic() - start))
+                )
+        finally:
+            os.close(fd)
+        data = np.load(io.BytesIO(b"".join(chunks)))
         return data["x"].astype("float32") / 255.0, data["y"]
 
 
@@ -211,9 +226,10 @@ def run(opts: BenchOptions) -> dict[str, float]:
         data = CpuHeavyData(batch, batches, workers=1, use_multiprocessing=True, max_queue_size=2)
     elif opts.pipeline == "starved-io":
         tmp = tempfile.TemporaryDirectory(prefix="gpumon-bench-")
-        for i in range(8):
+        for i in range(FILES):
             x, y = _batch(i, batch)
-            np.savez(os.path.join(tmp.name, f"batch-{i}.npz"), x=x, y=y)
+            pad = np.zeros(int(opts.file_mb * 1e6), dtype=np.uint8)  # the rest of a raw sample's bytes
+            np.savez(os.path.join(tmp.name, f"batch-{i}.npz"), x=x, y=y, pad=pad)
         data = ThrottledFileData(
             batch, batches, tmp.name, opts.io_mb_per_s, workers=1, use_multiprocessing=False, max_queue_size=2
         )

@@ -87,14 +87,16 @@ def classify(
     host_wide = ev.has_job and not ev.job_seen_on_host
     if host_wide and ev.busiest_core_ratio is not None:
         cpu = cpu or ev.busiest_core_ratio >= th.pinned_core
+    bursty = ev.bursty_quarters >= th.bursty_quarters
     if ev.job_read_bytes_per_s is not None:
-        io = ev.job_read_bytes_per_s >= th.read_bytes_high
+        io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
+            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
+        )
     else:
         io = host_wide and (
             (ev.iowait_ratio is not None and ev.iowait_ratio >= th.iowait_high)
             or (ev.disk_read_bytes_per_s is not None and ev.disk_read_bytes_per_s >= th.read_bytes_high)
         )
-    bursty = ev.bursty_quarters >= th.bursty_quarters
     idle_share = 1 - duty
 
     if cpu and not (io and (busiest is None or busiest < th.pinned_core)):

@@ -50,7 +50,11 @@ class Thresholds:
     """Host iowait share suggesting storage-bound input (used when per-process reads are hidden;
     proc(5) warns iowait is unreliable on many cores, hence the read-rate check below)."""
     read_bytes_high: float = 50e6
-    """Storage reads by the job's processes (bytes/s) that, with gaps, point at storage."""
+    """Storage reads by the job's processes (bytes/s) that point at storage on their own."""
+    read_bytes_with_gaps: float = 10e6
+    """Lower reads that point at storage when the GPU also waits in recurring gaps: a job pulling
+    from a slow or network filesystem at 20 MB/s starves its GPU as surely (the Keras bench's
+    starved-io reads at ~40 MB/s). Steady, gap-free use with such reads stays underutilized."""
 
     min_points: int = 4
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
