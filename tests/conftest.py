@@ -28,6 +28,17 @@ def gpumon(
     )
 
 
+def start_serve(*args: str, port: int, stderr: int | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """`gpumon serve ARGS --listen 127.0.0.1:PORT` as a child process, as a user would run it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "serve", *args, "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+
+
 def free_port() -> int:
     """A loopback port that was free a moment ago (for servers the tests start)."""
     with socket.socket() as s:

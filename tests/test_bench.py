@@ -32,19 +32,20 @@ def gpumon(*args: str, **kw) -> subprocess.Popen[str]:
     )
 
 
-def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path) -> None:
-    if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch") is None:
-        pytest.fail("the bench extra is missing: scripts/test.sh installs keras and torch==2.13.0 (CPU)")
-    start = time.monotonic()
+def record_bench(tmp_path: Path, pipelines: tuple[str, ...], seconds: int) -> tuple[Path, Path]:
+    """Record a GPU driven by `gpumon bench` while it runs each pipeline in turn; returns the
+    trace and the job's ground truth."""
     drive, truth, trace = tmp_path / "drive", tmp_path / "truth.jsonl", tmp_path / "trace.jsonl"
-    recorder = gpumon("record", "--drive", str(drive), "--duration", str(2 * PHASE_S + 6), "-o", str(trace))
-    for pipeline in ("fed", "starved-cpu"):
+    recorder = gpumon(
+        "record", "--drive", str(drive), "--duration", str(len(pipelines) * seconds + 6), "-o", str(trace)
+    )
+    for pipeline in pipelines:
         job = gpumon(
             "bench",
             "--pipeline",
             pipeline,
             "--duration",
-            str(PHASE_S),
+            str(seconds),
             "--drive",
             str(drive),
             "--truth",
@@ -55,6 +56,14 @@ def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path)
         assert job.returncode == 0, err
     _, err = recorder.communicate(timeout=120)
     assert recorder.returncode == 0, err
+    return trace, truth
+
+
+def test_a_starved_keras_job_is_flagged_cpu_and_a_fed_one_is_not(tmp_path: Path) -> None:
+    if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch") is None:
+        pytest.fail("the bench extra is missing: scripts/test.sh installs keras and torch==2.13.0 (CPU)")
+    start = time.monotonic()
+    trace, truth = record_bench(tmp_path, ("fed", "starved-cpu"), PHASE_S)
     assert time.monotonic() - start <= 60, "the end-to-end test must stay within a minute"
 
     result = analyze(str(trace))
@@ -109,23 +118,7 @@ def test_demo_flags_the_starved_phase_and_not_the_fed_one(tmp_path: Path) -> Non
 
 def test_a_storage_starved_keras_job_is_flagged_io(tmp_path: Path) -> None:
     """The starved-io pipeline reads its files from storage (page cache dropped) at ~60 MB/s."""
-    drive, truth, trace = tmp_path / "drive", tmp_path / "truth.jsonl", tmp_path / "trace.jsonl"
-    recorder = gpumon("record", "--drive", str(drive), "--duration", "26", "-o", str(trace))
-    job = gpumon(
-        "bench",
-        "--pipeline",
-        "starved-io",
-        "--duration",
-        "20",
-        "--drive",
-        str(drive),
-        "--truth",
-        str(truth),
-        "--quiet",
-    )
-    _, err = job.communicate(timeout=120)
-    assert job.returncode == 0, err
-    recorder.communicate(timeout=120)
+    trace, truth = record_bench(tmp_path, ("starved-io",), 20)
     result = analyze(str(trace))
     (gpu,) = result.gpus
     assert gpu.main_label == "starved-io", dict(gpu.seconds_by_label)

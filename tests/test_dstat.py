@@ -24,7 +24,7 @@ import pytest
 
 from tests.fakenvml import driver
 
-from .conftest import ROOT, free_port
+from .conftest import ROOT, free_port, start_serve
 
 GOLDEN = Path(__file__).parent / "golden"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -69,22 +69,7 @@ def run(
 def daemon():
     """`gpumon serve --simulate starved-cpu,healthy`, once its detector has settled."""
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "serve",
-            "--simulate",
-            "starved-cpu,healthy",
-            "--listen",
-            f"127.0.0.1:{port}",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_serve("--simulate", "starved-cpu,healthy", port=port)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

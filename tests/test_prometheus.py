@@ -4,18 +4,16 @@ dashboard's every query returns data, and the starvation alert fires for the sta
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from .conftest import ROOT, free_port
+from .conftest import ROOT, free_port, start_serve
 
 MONITORING = ROOT / "monitoring"
 
@@ -47,22 +45,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         pytest.fail("prometheus is missing: scripts/test.sh installs Debian's prometheus package")
     tmp = tmp_path_factory.mktemp("prom")
     gp, pp = free_port(), free_port()
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "serve",
-            "--simulate",
-            "starved-cpu,healthy",
-            "--listen",
-            f"127.0.0.1:{gp}",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    serve = start_serve("--simulate", "starved-cpu,healthy", port=gp, stderr=subprocess.PIPE)
     # the shipped rules, with their `for:` shortened so the test takes seconds, not minutes
     rules = re.sub(r"for: \d+m", "for: 5s", (MONITORING / "gpumon.rules.yml").read_text())
     (tmp / "rules.yml").write_text(rules)
