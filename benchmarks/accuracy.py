@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumon.analysis import Analysis, analyze
+from gpumon.corpus import LABELS, NEVER_STARVED, Case, generate, record
 from gpumon.detector.config import Thresholds
-from gpumon.sim.corpus import LABELS, NEVER_STARVED, Case, generate, record
 
 
 @dataclass

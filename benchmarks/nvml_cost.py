@@ -9,9 +9,10 @@ time.process_time (sleeps do not count), median of --repeats runs of --ticks tic
   floor            the same pynvml calls gpumon makes, in a bare loop (handles cached,
                    last-seen sample timestamps tracked), each value read once into a tuple:
                    the least any program must do to get these numbers
-  gpumon           NvmlSource.poll, as `record` and `watch` run it on real GPUs (1 s call
-                   deadline: GPUs are read in a worker thread)
-  gpumon, no guard NvmlSource.poll without the deadline (what the worker thread does)
+  gpumon           NvmlSource.poll as every command runs it on real GPUs: each call that may
+                   hang bracketed by the guard (gpumon.guard), on a thread a supervisor watches
+                   with a 1 s deadline (the whole measurement runs on that thread)
+  gpumon, no guard NvmlSource.poll without the guard (what simulated GPUs run)
   gpustat          gpustat.new_query(), gpustat's Python API for one query of all GPUs
   nvitop           [d.as_snapshot() for d in Device.all()], nvitop's API snapshot
 
@@ -51,6 +52,8 @@ def interleaved(contenders: dict[str, tuple[Callable[[], object], int]], repeats
 def child(ticks: int, repeats: int, peers: bool) -> None:
     import pynvml
 
+    from gpumon.guard import CallGuard
+    from gpumon.pipeline.supervisor import Supervisor
     from gpumon.sources.nvml import NvmlSource
 
     pynvml.nvmlInit()
@@ -88,17 +91,19 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
         return out
 
     clock = time.monotonic
-    guarded = NvmlSource(pynvml, call_timeout_s=1.0)
+    guard = CallGuard()
+    guarded = NvmlSource(pynvml, guard=guard)
     guarded.open()
     direct = NvmlSource(pynvml)
     direct.open()
+    supervisor = Supervisor(guard, 1.0)
 
     contenders: dict[str, tuple[Callable[[], object], int]] = {
         "floor (bare pynvml calls)": (floor, ticks),
         "gpumon": (lambda: guarded.poll(clock()), ticks),
         "gpumon, no guard": (lambda: direct.poll(clock()), ticks),
     }
-    results = interleaved(contenders, repeats)
+    results = supervisor.call(lambda: interleaved(contenders, repeats))
     if not peers:
         base = results["floor (bare pynvml calls)"]
         for name, value in results.items():

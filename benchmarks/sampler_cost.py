@@ -10,7 +10,6 @@ nothing sleeps and only CPU is counted, with time.process_time):
                    6 new sub-second samples per GPU per tick, as NVML gives at its finest period.
   + host (psutil)  the same, plus HostSource reading this machine's /proc for real.
   + detector       the same, plus the starvation detector fed every tick (what `serve` runs).
-  + detector       the same, plus the starvation detector fed every tick (what `serve` runs).
   simulator        the whole path over the simulated fleet, i.e. what `--simulate` costs; the
                    simulator itself is most of it, and it is not what runs on a GPU machine.
 
@@ -20,16 +19,16 @@ Goal (issue 2): at a 1 s cadence on 8 GPUs, under 0.1% of one core, i.e. < 1 ms 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from gpumon.clock import VirtualClock
-from gpumon.live import DetectorSink
-from gpumon.sampler import Sampler
-from gpumon.sim.fleet import Fleet
-from gpumon.sim.scenarios import parse_scenarios
+from gpumon.pipeline import OpenedSources, Pipeline, SourceSpec
+from gpumon.problems import Problems
 from gpumon.sources.host import HostSource, load_psutil
 from gpumon.sources.nvml import NvmlSource
 
@@ -90,13 +89,13 @@ class CannedNvml:
         ]
 
 
-def cpu_per_tick(make, ticks: int, repeats: int) -> float:
+def cpu_per_tick(make: Callable[[], Pipeline], ticks: int, repeats: int) -> float:
     runs = []
     for _ in range(repeats):
-        sampler = make()
-        sampler.run(duration_s=5)  # warm up: baselines, handles, caches
+        pipeline = make()
+        pipeline.run(duration_s=5)  # warm up: baselines, handles, caches
         t0 = time.process_time()
-        sampler.run(duration_s=ticks)
+        pipeline.run(duration_s=ticks)
         runs.append((time.process_time() - t0) / ticks)
     return statistics.median(runs)
 
@@ -106,27 +105,26 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    problems = Problems(logging.getLogger("bench"))
 
-    def canned(n: int, with_host: bool, with_detector: bool = False):
-        def make() -> Sampler:
+    def canned(n: int, with_host: bool, with_detector: bool = False) -> Callable[[], Pipeline]:
+        def make() -> Pipeline:
             clock = VirtualClock()
             src = NvmlSource(CannedNvml(n, clock))
             src.open()
             host = HostSource(load_psutil()) if with_host else None
-            sampler = Sampler(src, host, clock)
+            sources = OpenedSources(gpu=src, host=host, description={"kind": "nvml"})
+            pipeline = Pipeline(SourceSpec("nvml"), clock, sources=sources, problems=problems)
             if with_detector:
-                sampler.on_tick.append(DetectorSink(sampler))
-            return sampler
+                pipeline.on_verdicts(lambda tick, verdicts: None)  # a listener: the detector runs
+            return pipeline
 
         return make
 
-    def simulated(n: int):
-        def make() -> Sampler:
-            clock = VirtualClock()
-            fleet = Fleet(parse_scenarios("healthy,starved-cpu,starved-io,underutilized"), n, 0, clock)
-            src = NvmlSource(fleet.nvml())
-            src.open()
-            return Sampler(src, HostSource(fleet.psutil()), clock)
+    def simulated(n: int) -> Callable[[], Pipeline]:
+        def make() -> Pipeline:
+            spec = SourceSpec("simulated", ("healthy", "starved-cpu", "starved-io", "underutilized"), n)
+            return Pipeline(spec, VirtualClock(), problems=problems)
 
         return make
 

@@ -7,6 +7,7 @@ aligned with the trace's own times, so an offline verdict is the one the daemon 
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,10 +15,10 @@ from typing import Any
 from gpumon.clock import VirtualClock
 from gpumon.detector.config import Thresholds
 from gpumon.detector.tracker import Episode, Verdict
-from gpumon.live import DetectorSink
 from gpumon.model import Tick
-from gpumon.sampler import Sampler
-from gpumon.sources.replay import ReplayHost, ReplaySource
+from gpumon.pipeline import Pipeline, SourceSpec, describe_source
+from gpumon.pipeline.sources import replayed
+from gpumon.problems import Problems
 from gpumon.trace import Trace, read_trace
 
 SCHEMA = "gpumon-analysis/1"
@@ -102,12 +103,14 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
     interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
     t0 = trace.ticks[0].t_s if trace.ticks else 0.0
     clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
-    replay = ReplaySource(trace)
-    sampler = Sampler(
-        replay, ReplayHost(replay), clock, interval_s=interval, window_s=max(30.0, 2 * th.window_s)
+    pipeline = Pipeline(
+        SourceSpec("replay", file=trace.path),
+        clock,
+        interval_s=interval,
+        thresholds=th,
+        sources=replayed(trace),
+        problems=Problems(logging.getLogger("gpumon.analyze")),
     )
-    sink = DetectorSink(sampler, th)
-    sampler.on_tick.append(sink)
     reports: dict[tuple[int, str], GpuReport] = {}
     host: list[tuple[float, float, float | None, float]] = []
     last_t: dict[tuple[int, str], float] = {}
@@ -127,10 +130,10 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
             rep.verdicts.append(v)
             rep.seconds_by_label[v.label] += dt
 
-    sink.on_verdicts.append(collect)
-    sampler.run(exhausted=lambda: replay.exhausted)
+    pipeline.on_verdicts(collect)
+    pipeline.run()
     end = trace.ticks[-1].t_s if trace.ticks else t0
-    for key, det in sink.fleet.gpus.items():
+    for key, det in pipeline.detector.fleet.gpus.items():
         rep = reports.get(key)
         if rep is not None:
             rep.episodes = det.close(end)
@@ -140,17 +143,6 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
 
 
 # -- rendering -----------------------------------------------------------------------------------
-
-
-def _describe_source(header: dict[str, Any]) -> str:
-    src = header.get("source") or {}
-    kind = src.get("kind")
-    if kind == "simulated":
-        names = sorted(set(src.get("scenarios") or []))
-        return f"simulated: {', '.join(names)}"
-    if kind == "replay":
-        return f"replay of {src.get('file')}"
-    return "NVML" if kind == "nvml" else "unknown source"
 
 
 def _fmt_evidence(e: dict[str, Any]) -> str:
@@ -193,7 +185,7 @@ def render_text(a: Analysis) -> str:
     tr = a.trace
     lines = [
         f"gpumon analyze {tr.path}: {len(a.gpus)} GPU(s), {tr.duration_s:.0f} s "
-        f"({_describe_source(tr.header)})",
+        f"({describe_source(tr.header.get('source') or {})})",
     ]
     starved = [g for g in a.gpus if g.main_label.startswith("starved")]
     lines.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
@@ -11,7 +12,9 @@ class Clock(Protocol):
         """Monotonic seconds."""
         ...
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Wait; a real clock wakes early when `stop` is set (so a stop is obeyed at once)."""
+        ...
 
 
 class MonotonicClock:
@@ -20,9 +23,12 @@ class MonotonicClock:
     def now(self) -> float:
         return time.monotonic()
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
         if seconds > 0:
-            time.sleep(seconds)
+            if stop is not None:
+                stop.wait(seconds)
+            else:
+                time.sleep(seconds)
 
 
 class VirtualClock:
@@ -37,7 +43,7 @@ class VirtualClock:
     def now(self) -> float:
         return self._t
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
         if seconds > 0:
             self._t += seconds
 
@@ -58,8 +64,8 @@ class ScaledClock:
     def now(self) -> float:
         return (self._base.now() - self._t0) * self._factor
 
-    def sleep(self, seconds: float) -> None:
-        self._base.sleep(seconds / self._factor)
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
+        self._base.sleep(seconds / self._factor, stop)
 
 
 class SinceStart:
@@ -72,5 +78,5 @@ class SinceStart:
     def now(self) -> float:
         return self._base.now() - self._t0
 
-    def sleep(self, seconds: float) -> None:
-        self._base.sleep(seconds)
+    def sleep(self, seconds: float, stop: threading.Event | None = None) -> None:
+        self._base.sleep(seconds, stop)

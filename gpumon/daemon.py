@@ -1,6 +1,7 @@
-"""`gpumon serve`: the one place that wires sources, sampler, detector and sinks together.
+"""`gpumon serve`: the exporter daemon, a pipeline (gpumon.pipeline) with the fleet's sinks.
 
-Threads: the sampler ticks in its own thread and publishes an immutable Snapshot after each tick;
+Threads: the sampler ticks in its own (supervised) thread and, as a verdict subscriber, publishes
+an immutable Snapshot after each tick;
 HTTP requests read only that snapshot (rendered /metrics is cached per snapshot). The main thread
 waits for signals: SIGTERM/SIGINT stop within 2 s, SIGHUP reloads the configuration. systemd hears
 READY once the first tick is published, WATCHDOG from the sampling loop (so a wedged sampler gets
@@ -22,43 +23,24 @@ from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
 from gpumon.clock import Clock, MonotonicClock
-from gpumon.config import Config, ConfigError
+from gpumon.config import Config
+from gpumon.detector.tracker import Verdict
 from gpumon.exporter import GpumonCollector
-from gpumon.live import DetectorSink
 from gpumon.model import Tick
-from gpumon.sampler import Sampler
+from gpumon.pipeline import Pipeline, SourceSpec, describe_source
+from gpumon.pipeline.sources import OpenedSources
+from gpumon.problems import Problems
 from gpumon.sdnotify import Notifier
 from gpumon.snapshot import GpuCounters, Snapshot, to_state_json
-from gpumon.sources.factory import OpenedSources, SourceOptions, open_sources
-from gpumon.web import Routes, WebServer, load_web_config
+from gpumon.web import Routes, WebServer
+from gpumon.webconfig import load_web_config
 
 log = logging.getLogger("gpumon")
 
 
-class StoppableClock:
-    """Real time whose sleep ends early when the daemon stops (so SIGTERM is obeyed at once)."""
-
-    def __init__(self, stop: threading.Event, base: Clock | None = None) -> None:
-        self._stop = stop
-        self._base = base or MonotonicClock()
-
-    def now(self) -> float:
-        return self._base.now()
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._stop.wait(seconds)
-
-
-def source_options(cfg: Config) -> SourceOptions:
-    from gpumon.sim.scenarios import parse_scenarios
-
-    try:
-        scenarios = parse_scenarios(cfg.simulate) if cfg.simulate else None
-    except Exception as e:
-        raise ConfigError(f"simulate: {e}") from None
-    return SourceOptions(
-        simulate=scenarios,
+def source_spec(cfg: Config) -> SourceSpec:
+    return SourceSpec.from_settings(
+        simulate=cfg.simulate,
         gpus=cfg.gpus,
         seed=cfg.seed,
         sample_period_s=cfg.sample_period_s,
@@ -75,27 +57,29 @@ class Daemon:
         clock: Clock | None = None,
         sources: OpenedSources | None = None,
         notifier: Notifier | None = None,
-        base_clock: Clock | None = None,
+        problems: Problems | None = None,
     ) -> None:
         self.cfg = cfg
         self._reload = reload
         self.stop_event = threading.Event()
-        self.clock = clock or StoppableClock(self.stop_event, base_clock)
+        self.clock = clock or MonotonicClock()
         self.notifier = notifier or Notifier()
         self.web_config = load_web_config(cfg.web_config_file)
-        self.sources = sources or open_sources(
-            source_options(cfg), self.clock, retry_nvml=True, nvml_call_timeout_s=cfg.nvml_call_timeout_s
-        )
-        self.sampler = Sampler(
-            self.sources.gpu,
-            self.sources.host,
+        self.pipeline = Pipeline(
+            source_spec(cfg),
             self.clock,
             interval_s=cfg.interval_s,
-            window_s=max(cfg.window_s, 2 * cfg.thresholds.window_s),
+            thresholds=cfg.thresholds,
+            history_s=cfg.window_s,
+            retry_nvml=True,
+            nvml_call_timeout_s=cfg.nvml_call_timeout_s,
+            sources=sources,
+            problems=problems,
         )
-        self.detector = DetectorSink(self.sampler, cfg.thresholds)
-        self.sampler.on_tick.append(self.detector)
-        self.sampler.on_tick.append(self._publish)
+        self.sampler = self.pipeline.sampler
+        self.detector = self.pipeline.detector
+        self.sources = self.pipeline.sources
+        self.pipeline.on_verdicts(self._publish)
         self.snapshot: Snapshot | None = None
         self._render_lock = threading.Lock()
         self._rendered: dict[str, tuple[int, bytes, str]] = {}
@@ -107,7 +91,7 @@ class Daemon:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _publish(self, tick: Tick) -> None:
+    def _publish(self, tick: Tick, verdicts: list[Verdict]) -> None:
         counters = {
             key: GpuCounters(
                 dict(det.seconds_in_state),
@@ -120,13 +104,14 @@ class Daemon:
         self.snapshot = Snapshot(
             t_s=tick.t_s,
             tick=tick,
-            verdicts=tuple(self.detector.latest),
+            verdicts=tuple(verdicts),
             counters=counters,
             sources={k: _copy_stats(v) for k, v in self.sampler.stats.items()},
             ticks=self.sampler.ticks,
             skipped_ticks=self.sampler.skipped_ticks,
             source_description=self.sources.description,
-            problems=tuple(sorted(self.sampler.problems.active)),
+            problems=self.pipeline.problems.active(),
+            problem_totals=dict(self.pipeline.problems.totals),
         )
         self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
@@ -165,8 +150,7 @@ class Daemon:
         return True, f"ok: {len(snap.tick.gpus)} GPU(s), newest sample {age:.1f} s old"
 
     def landing(self) -> str:
-        d = self.sources.description
-        kind = {"simulated": "simulated GPUs", "replay": "a replayed trace"}.get(d.get("kind", ""), "NVML")
+        kind = describe_source(self.sources.description)
         return (
             f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
             f"<p>Catches GPUs starved by their input pipeline. Sampling {html.escape(kind)}.</p><ul>"
@@ -198,7 +182,7 @@ class Daemon:
 
     def _sample(self) -> None:
         try:
-            self.sampler.run(stop=self.stop_event, exhausted=self.sources.exhausted)
+            self.pipeline.run(stop=self.stop_event)
         except Exception:  # a bug in the loop: exit so systemd restarts us, rather than serve stale data
             log.exception("the sampler stopped")
             self.stop_event.set()
@@ -231,10 +215,7 @@ class Daemon:
             self.cfg.interval_s,
         ):
             log.warning("reload: listen, interval, simulate and replay change only on restart")
-        self.detector.thresholds = new.thresholds
-        self.detector.fleet.thresholds = new.thresholds
-        for det in self.detector.fleet.gpus.values():
-            det.thresholds = new.thresholds
+        self.pipeline.set_thresholds(new.thresholds)
         logging.getLogger().setLevel(new.log_level.upper())
         if self.web is not None:
             self.web.reconfigure(web)
@@ -249,7 +230,7 @@ class Daemon:
             self.web.stop()
         if self._sampler_thread is not None:
             self._sampler_thread.join(timeout=1.5)
-        self.sources.close()
+        self.pipeline.close()
 
 
 def _copy_stats(st: Any) -> Any:

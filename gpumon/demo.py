@@ -38,9 +38,10 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
     drive, truth, trace = out / "drive.txt", out / "truth.jsonl", out / "trace.jsonl"
     for f in (drive, truth):
         f.unlink(missing_ok=True)
-    daemon = Daemon(Config(drive=str(drive), listen=listen), base_clock=SinceStart(MonotonicClock()))
-    writer = TraceWriter(str(trace), make_header(daemon.sources.description, 1.0), force=True)
-    daemon.sampler.on_tick.append(writer.write_tick)
+    drive.touch()  # the daemon waits on it; the job appends its steps
+    daemon = Daemon(Config(drive=str(drive), listen=listen), clock=SinceStart(MonotonicClock()))
+    writer = TraceWriter(str(trace), make_header(daemon.pipeline.description, 1.0), force=True)
+    daemon.pipeline.on_tick(writer.write_tick)
     port = daemon.start()
     url = f"http://{listen.rpartition(':')[0] or '127.0.0.1'}:{port}"
     daemon.wait_ready(30)

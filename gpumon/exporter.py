@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpumon import __version__
 from gpumon.detector.classify import CAUSES, STATES
+from gpumon.pipeline.spec import is_simulated
 from gpumon.snapshot import Snapshot
 
 GPU_LABELS = ["gpu", "uuid"]
@@ -207,11 +208,19 @@ def _self_metrics(s: Snapshot, now: float) -> Iterator[Metric]:
         "gpumon_source_duration_seconds", "How long the source's last reading took.", labels=["source"]
     )
     fails = CounterMetricFamily("gpumon_source_failures", "Failed readings since start.", labels=["source"])
+    problems = CounterMetricFamily(
+        "gpumon_source_problems",
+        "Problems a source ran into since start (a lost or hung GPU, a field that failed, the source "
+        "itself failing), each occurrence counted; the state API lists those going on now.",
+        labels=["source"],
+    )
     for name, st in sorted(s.sources.items()):
         ok.add_metric([name], 1 if st.last_success else 0)
         dur.add_metric([name], round(st.last_duration_s, 6))
         fails.add_metric([name], st.failures)
-    yield from (ok, dur, fails)
+    for name in sorted(set(s.sources) | set(s.problem_totals)):
+        problems.add_metric([name], s.problem_totals.get(name, 0))
+    yield from (ok, dur, fails, problems)
     yield GaugeMetricFamily(
         "gpumon_last_sample_age_seconds",
         "Seconds since the newest sample: the values are sampled in the background.",
@@ -227,5 +236,5 @@ def _self_metrics(s: Snapshot, now: float) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "gpumon_simulated",
         "1 when the GPUs are simulated (--simulate) or replayed.",
-        value=0 if s.source_description.get("kind") == "nvml" else 1,
+        value=1 if is_simulated(s.source_description) else 0,
     )

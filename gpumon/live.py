@@ -1,13 +1,11 @@
-"""Wire the detector to the sampler: after each tick, cut a window per GPU from the sampler's ring
-buffers and feed it to the fleet detector. The same sink serves `watch`, `serve` and `analyze`
-(which replays a trace through the sampler on a virtual clock), so live and offline verdicts agree.
+"""The detector stage: after each tick, cut a window per GPU from the sampler's ring buffers and
+feed it to the fleet detector. The pipeline runs it for `watch`, `serve` and `analyze` (which
+replays a trace through the sampler on a virtual clock), so live and offline verdicts agree.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpumon.detector.config import DEFAULT_THRESHOLDS, Thresholds
@@ -50,22 +48,24 @@ def windows_for(sampler: Sampler, tick: Tick, th: Thresholds) -> list[GpuWindow]
     return out
 
 
-@dataclass
 class DetectorSink:
-    """Call after each tick (`sampler.on_tick.append(sink)`); keeps the latest verdict per GPU."""
+    """The detector stage of the pipeline: after each tick, a window per GPU in, verdicts out.
+    Keeps the latest verdicts (what the daemon publishes)."""
 
-    sampler: Sampler
-    thresholds: Thresholds = DEFAULT_THRESHOLDS
-    on_verdicts: list[Callable[[Tick, list[Verdict]], None]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.fleet = FleetDetector(self.thresholds)
+    def __init__(self, sampler: Sampler, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+        self.sampler = sampler
+        self.thresholds = thresholds
+        self.fleet = FleetDetector(thresholds)
         self.latest: list[Verdict] = []
-        self._lock = threading.Lock()
 
-    def __call__(self, tick: Tick) -> None:
+    def feed(self, tick: Tick) -> list[Verdict]:
         verdicts = self.fleet.feed(windows_for(self.sampler, tick, self.thresholds))
-        with self._lock:
-            self.latest = verdicts
-        for callback in self.on_verdicts:
-            callback(tick, verdicts)
+        self.latest = verdicts
+        return verdicts
+
+    def set_thresholds(self, thresholds: Thresholds) -> None:
+        """New thresholds (SIGHUP) for every GPU, from the next tick on; totals are kept."""
+        self.thresholds = thresholds
+        self.fleet.thresholds = thresholds
+        for det in self.fleet.gpus.values():
+            det.thresholds = thresholds

@@ -28,7 +28,7 @@ class GpuProcess(NamedTuple):
 
 class GpuSample(NamedTuple):
     t_s: float
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
     uuid: str
     name: str
     available: bool = True

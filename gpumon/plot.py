@@ -40,8 +40,10 @@ def plot(a: Analysis, path: str) -> None:
     axes = axes[:, 0]
     points: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for tick in a.trace.ticks:
-        for g in tick.gpus:
-            points.setdefault((g.index, g.uuid), []).extend((p.t_s, p.util_ratio) for p in g.util_history)
+        for sample in tick.gpus:
+            points.setdefault((sample.index, sample.uuid), []).extend(
+                (p.t_s, p.util_ratio) for p in sample.util_history
+            )
     seen_labels: set[str] = set()
     for ax, g in zip(axes, gpus):
         for label, run in groupby(g.verdicts, key=lambda v: v.label):

@@ -97,6 +97,8 @@ class Sampler:
         self.skipped_ticks = 0
         self.last_tick: Tick | None = None
         self._lock = threading.Lock()
+        self._start: float | None = None
+        self._k = 1
 
     # -- one tick ------------------------------------------------------------------------------
 
@@ -108,14 +110,14 @@ class Sampler:
             result = fn(*args)
             ok = True
         except Exception as e:  # isolation: one failing source never stops the others
-            self.problems.note(f"source {name} failed: {type(e).__name__}: {e}")
+            self.problems.note(f"{name}:failed", f"source {name} failed: {type(e).__name__}: {e}")
             result, ok = None, False
         stats.runs += 1
         stats.last_success = ok
         stats.failures += 0 if ok else 1
         stats.last_duration_s = max(self.process_time() - cpu0, self.clock.now() - start)
-        if ok:
-            self.problems.clear(f"source {name} failed")
+        if ok and self.problems.any_active:
+            self.problems.clear(f"{name}:failed")
         return ok, result
 
     def tick(self, t_s: float | None = None) -> Tick:
@@ -156,41 +158,61 @@ class Sampler:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Take the baseline readings and fix the tick schedule (once; later calls do nothing)."""
+        if self._start is None:
+            self._prime()
+            self._start = self.clock.now()
+            self._k = 1
+
+    def until(self, duration_s: float | None) -> float | None:
+        """The end, on the sampler's clock, of a run that lasts `duration_s` from the next tick on."""
+        self.start()
+        assert self._start is not None
+        return None if duration_s is None else self._start + (self._k - 1) * self.interval_s + duration_s
+
     def run(
         self,
         duration_s: float | None = None,
         stop: threading.Event | None = None,
         exhausted: Callable[[], bool] | None = None,
+        *,
+        until_s: float | None = None,
     ) -> None:
-        """Tick every interval until `duration_s` has passed, `stop` is set or the source ends.
+        """Tick every interval until `duration_s` has passed (or the clock reaches `until_s`),
+        `stop` is set or the source ends.
 
         The first tick comes one interval after the start, so rates have a baseline to compare.
+        The schedule lives on the sampler, not in this call: a fresh thread that takes over from
+        one stuck in a source (gpumon.pipeline.supervisor) carries on with the same grid and end.
         """
-        self._prime()
-        start = self.clock.now()
-        k = 1
+        if until_s is None:
+            until_s = self.until(duration_s)
+        self.start()
+        assert self._start is not None
+        start = self._start
         while True:
             if stop is not None and stop.is_set():
                 return
-            target = start + k * self.interval_s
-            if duration_s is not None and target - start > duration_s + 1e-9:
+            target = start + self._k * self.interval_s
+            if until_s is not None and target > until_s + 1e-9:
                 return
             delay = target - self.clock.now()
             if delay > 0:
-                self.clock.sleep(delay)
+                self.clock.sleep(delay, stop)
             elif delay < -self.interval_s:
                 # resume on the next grid point still ahead, rather than tick late and then early
                 missed = math.ceil(-delay / self.interval_s)
                 self.skipped_ticks += missed
                 log.warning("sampler fell %d tick(s) behind; skipping ahead", missed)
-                k += missed
+                self._k += missed
                 continue
             if stop is not None and stop.is_set():
                 return
+            self._k += 1  # before the tick: a thread that takes over starts with the next one
             self.tick()
             if exhausted is not None and exhausted():
                 return
-            k += 1
 
     def _prime(self) -> None:
         """A baseline reading for sources that report rates (host CPU, disk)."""

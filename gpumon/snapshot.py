@@ -8,6 +8,7 @@ from typing import Any
 
 from gpumon.detector.tracker import Verdict
 from gpumon.model import Tick
+from gpumon.pipeline.spec import is_simulated
 from gpumon.sampler import SourceStats
 
 SCHEMA = "gpumon-state/1"
@@ -35,6 +36,9 @@ class Snapshot:
     skipped_ticks: int
     source_description: dict[str, Any]
     problems: tuple[str, ...] = field(default=())
+    """The messages of the problems going on now."""
+    problem_totals: dict[str, int] = field(default_factory=dict)
+    """Problems noted per source since start."""
 
     def verdict_for(self, index: int, uuid: str) -> Verdict | None:
         for v in self.verdicts:
@@ -86,7 +90,7 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
         "age_s": round(age_s, 3),
         "ticks": s.ticks,
         "source": s.source_description,
-        "simulated": s.source_description.get("kind") == "simulated",
+        "simulated": is_simulated(s.source_description),
         "host": None
         if host is None
         else {

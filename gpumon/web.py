@@ -14,86 +14,21 @@ import json
 import logging
 import ssl
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpumon.errors import GpumonError
+from gpumon.webconfig import WebConfig, WebConfigError
 
 log = logging.getLogger("gpumon.web")
-
-
-class WebConfigError(GpumonError):
-    exit_code = 7
-
-
-@dataclass(frozen=True)
-class WebConfig:
-    cert_file: str | None = None
-    key_file: str | None = None
-    client_ca_file: str | None = None
-    users: dict[str, bytes] = field(default_factory=dict)
-    """user -> bcrypt hash."""
-
-    @property
-    def tls(self) -> bool:
-        return self.cert_file is not None
-
-
-def load_web_config(path: str | None) -> WebConfig:
-    if path is None:
-        return WebConfig()
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise WebConfigError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise WebConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(doc, dict):
-        raise WebConfigError(f"{path}: expected a mapping at the top")
-    unknown = set(doc) - {"tls_server_config", "basic_auth_users", "http_server_config"}
-    if unknown:
-        raise WebConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}")
-    tls = doc.get("tls_server_config") or {}
-    users = doc.get("basic_auth_users") or {}
-    if not isinstance(tls, dict) or not isinstance(users, dict):
-        raise WebConfigError(f"{path}: tls_server_config and basic_auth_users must be mappings")
-    cert, key = tls.get("cert_file"), tls.get("key_file")
-    if bool(cert) != bool(key):
-        raise WebConfigError(f"{path}: tls_server_config needs both cert_file and key_file")
-    hashes = {}
-    for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise WebConfigError(f"{path}: basic_auth_users.{user}: expected a bcrypt hash ($2b$...)")
-        hashes[str(user)] = hashed.encode()
-    cfg = WebConfig(cert_file=cert, key_file=key, client_ca_file=tls.get("client_ca_file"), users=hashes)
-    if cfg.tls:
-        _ssl_context(cfg, path)  # fail now, with the file named, rather than at the first client
-    return cfg
-
-
-def _ssl_context(cfg: WebConfig, where: str = "web config") -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(cfg.cert_file or "", cfg.key_file)
-        if cfg.client_ca_file:
-            ctx.load_verify_locations(cfg.client_ca_file)
-            ctx.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as e:
-        raise WebConfigError(f"{where}: TLS certificate or key cannot be used: {e}") from None
-    return ctx
 
 
 class Authenticator:
     """Checks basic auth against bcrypt hashes; remembers good credentials (by their SHA-256),
     since bcrypt is slow on purpose and a scraper sends the same ones every few seconds."""
 
-    def __init__(self, users: dict[str, bytes]) -> None:
+    def __init__(self, users: Mapping[str, bytes]) -> None:
         self._users = users
         self._good: set[bytes] = set()
         self._lock = threading.Lock()
@@ -249,7 +184,7 @@ class WebServer:
         max_connections: int = 64,
         timeout_s: float = 10.0,
     ) -> None:
-        ctx = _ssl_context(web) if web.tls else None
+        ctx = web.ssl_context() if web.tls else None
         try:
             self._server = _Server(address, routes, Authenticator(web.users), ctx, max_connections, timeout_s)
         except OSError as e:
@@ -270,7 +205,7 @@ class WebServer:
     def reconfigure(self, web: WebConfig) -> None:
         """SIGHUP: new users and certificates apply to new connections."""
         self._server.auth = Authenticator(web.users)
-        self._server.ssl_ctx = _ssl_context(web) if web.tls else None
+        self._server.ssl_ctx = web.ssl_context() if web.tls else None
 
     def stop(self) -> None:
         self._server.shutdown()

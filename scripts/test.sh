@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README, and CI's .ci/run): sets up everything on a fresh Debian 12 machine,
-# then runs the linter and the whole test suite. Extra arguments go to pytest.
+# then runs the linter, the type checker and the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,5 +30,7 @@ python -c 'from tests.fakenvml.driver import build; print(build())' >&2
 echo "== ruff" >&2
 ruff check gpumon tests benchmarks
 ruff format --check gpumon tests benchmarks
+echo "== mypy (strict, gpumon/)" >&2
+mypy
 echo "== pytest" >&2
 exec python -m pytest -q "$@"

@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.accuracy import run as score_corpus
 from gpumon.analysis import analyze
+from gpumon.corpus import generate
 from gpumon.detector.config import Thresholds
-from gpumon.sim.corpus import generate
 from gpumon.sim.scenarios import SCENARIOS, SWITCH_S
 
 from .conftest import gpumon
@@ -135,10 +135,13 @@ def test_analyze_plot_writes_a_png(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args,code,needle",
     [
-        (["--threshold", "nope=1"], 2, "unknown key 'nope'"),
-        (["--threshold", "fed_duty=high"], 2, "not a number"),
+        (["--threshold", "nope=1"], 2, "unknown threshold 'nope'"),
+        (["--threshold", "fed_duty=high"], 2, "threshold fed_duty must be a number, got 'high'"),
         (["--threshold", "fed_duty"], 2, "expected KEY=VALUE"),
-        (["--threshold", "fed_duty=2"], 2, "fed_duty"),
+        (["--threshold", "fed_duty=2"], 2, "fed_duty must be between 0.01 and 1, got 2"),
+        (["--threshold", "confirm_s=nan"], 2, "confirm_s must be a finite number"),
+        (["--threshold", "window_s=inf"], 2, "window_s must be a finite number"),
+        (["--threshold", "min_points=2.5"], 2, "min_points must be a whole number"),
     ],
 )
 def test_analyze_bad_thresholds(tmp_path: Path, args: list[str], code: int, needle: str) -> None:

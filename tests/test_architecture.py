@@ -50,3 +50,94 @@ def test_simulated_runs_do_not_even_load_pynvml() -> None:
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert "LOADED False False" in p.stdout, p.stdout + p.stderr
+
+
+def gpumon_imports(path: Path) -> set[str]:
+    """Every gpumon module this file imports, at the top or inside a function."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("gpumon"))
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("gpumon")
+        ):
+            names.add(str(node.module))
+    return names
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_imports_point_one_way() -> None:
+    """sources never import the simulator or the wiring; the simulator imports nothing above it;
+    the detector only itself and the model; the sampler nothing above it (STYLE.md)."""
+    allowed_below = {
+        "gpumon.sources": (
+            "gpumon.sources",
+            "gpumon.model",
+            "gpumon.problems",
+            "gpumon.errors",
+            "gpumon.guard",
+            "gpumon.trace",
+            "gpumon.clock",
+        ),
+        "gpumon.sim": ("gpumon.sim", "gpumon.clock", "gpumon.errors", "gpumon.model"),
+        "gpumon.detector": ("gpumon.detector", "gpumon.model"),
+        "gpumon.sampler": ("gpumon.model", "gpumon.problems", "gpumon.clock"),
+        "gpumon.guard": (),
+        "gpumon.problems": (),
+    }
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for layer, allowed in allowed_below.items():
+            if name == layer or name.startswith(layer + "."):
+                bad = {m for m in gpumon_imports(path) if not m.startswith(allowed) or m == "gpumon"}
+                assert not bad, (
+                    f"{name} imports {sorted(bad)}: imports point sources -> sampler -> detector -> sinks"
+                )
+
+
+def test_the_simulator_has_no_import_cycle() -> None:
+    graph = {
+        module_name(p): {m for m in gpumon_imports(p) if m.startswith("gpumon.sim")}
+        for p in (PACKAGE / "sim").glob("*.py")
+    }
+    seen: set[str] = set()
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, f"import cycle: {' -> '.join((*path, node))}"
+        if node in seen:
+            return
+        for nxt in graph.get(node, ()):
+            visit(nxt, (*path, node))
+        seen.add(node)
+
+    for node in graph:
+        visit(node, ())
+
+
+def test_the_pipeline_is_built_in_one_place() -> None:
+    """Sampler, detector stage and sources are put together by gpumon.pipeline alone; commands,
+    the daemon, the demo and the benchmarks ask it for a Pipeline."""
+    builders = {"Sampler", "DetectorSink", "open_sources", "Fleet"}
+    allowed = {
+        "gpumon/pipeline/pipeline.py",
+        "gpumon/pipeline/sources.py",
+        "gpumon/cli/serve.py",
+        "gpumon/corpus.py",
+        "gpumon/sim/driven.py",
+    }
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in allowed:
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in builders:
+                raise AssertionError(
+                    f"{rel}:{node.lineno} builds a {node.func.id} itself: use gpumon.pipeline"
+                )

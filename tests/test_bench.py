@@ -36,6 +36,7 @@ def record_bench(tmp_path: Path, pipelines: tuple[str, ...], seconds: int) -> tu
     """Record a GPU driven by `gpumon bench` while it runs each pipeline in turn; returns the
     trace and the job's ground truth."""
     drive, truth, trace = tmp_path / "drive", tmp_path / "truth.jsonl", tmp_path / "trace.jsonl"
+    drive.touch()  # the recorder starts first and waits for the job's steps
     recorder = gpumon(
         "record", "--drive", str(drive), "--duration", str(len(pipelines) * seconds + 6), "-o", str(trace)
     )

@@ -93,6 +93,7 @@ def test_devices_without_a_driver_fails_cleanly() -> None:
     ],
 )
 def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "t").write_text("")  # a file for --replay: the flags are wrong, not the file
     p = gpumon(*args, cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     assert needle in one_line_error(p)

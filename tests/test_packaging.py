@@ -6,6 +6,7 @@ the wheel leaves out; this test can."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,7 +31,8 @@ def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The wheel and sdist built from the tree, and a wheel rebuilt from that sdist."""
     out = tmp_path_factory.mktemp("dist")
-    p = _run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)])
+    tree = clean_copy(tmp_path_factory.mktemp("clone") / "gpumon")
+    p = _run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(tree)])
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     wheel = next(out.glob("gpumon_datastall-*.whl"))
     sdist = next(out.glob("gpumon_datastall-*.tar.gz"))
@@ -40,10 +42,23 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist, "wheel_from_sdist": next(again.glob("*.whl"))}
 
 
-def tracked_files() -> set[str]:
-    p = _run(["git", "ls-files", *PACKAGED], cwd=ROOT)
+def clean_copy(dest: Path) -> Path:
+    """The files a fresh clone would have (tracked, and new ones not ignored), without the build/
+    and egg-info leftovers of earlier builds here, which setuptools would ship again."""
+    p = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    return {f for f in p.stdout.split() if not f.endswith((".pyc", ".md"))}
+    for rel in filter(None, p.stdout.split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def tracked_files() -> set[str]:
+    p = _run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *PACKAGED], cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    return {f for f in p.stdout.split() if not f.endswith((".pyc", ".md")) and (ROOT / f).is_file()}
 
 
 def wheel_files(wheel: Path) -> set[str]:

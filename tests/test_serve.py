@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,9 +23,10 @@ import pytest
 
 from gpumon.clock import VirtualClock
 from gpumon.config import Config, ConfigError, load
-from gpumon.daemon import Daemon, source_options
+from gpumon.daemon import Daemon, source_spec
 from gpumon.model import GpuSample
-from gpumon.sources.factory import OpenedSources, open_sources
+from gpumon.pipeline import OpenedSources, open_sources
+from gpumon.problems import Problems
 
 from .conftest import ROOT
 
@@ -37,7 +39,7 @@ def simulated_daemon(
     """A daemon on a virtual clock, ticked `seconds` times without threads."""
     clock = VirtualClock()
     cfg = Config(simulate=scenarios, listen="127.0.0.1:0", **cfg_kw)
-    daemon = Daemon(cfg, clock=clock, sources=open_sources(source_options(cfg), clock))
+    daemon = Daemon(cfg, clock=clock)
     daemon.sampler.process_time = lambda: 0.0  # source durations then come from the virtual clock only
     daemon.sampler.run(duration_s=seconds)
     return daemon
@@ -207,7 +209,7 @@ def test_basic_auth_and_tls(served, tmp_path: Path) -> None:
     ],
 )
 def test_bad_web_config_names_the_problem(tmp_path: Path, content: str, needle: str) -> None:
-    from gpumon.web import WebConfigError, load_web_config
+    from gpumon.webconfig import WebConfigError, load_web_config
 
     path = tmp_path / "web.yml"
     path.write_text(content)
@@ -233,7 +235,7 @@ def test_too_many_clients_are_refused_not_queued(served) -> None:
 def test_a_hung_source_never_stalls_a_scrape() -> None:
     clock = VirtualClock()
     cfg = Config(simulate="healthy", listen="127.0.0.1:0")
-    real = open_sources(source_options(cfg), clock)
+    real = open_sources(source_spec(cfg), clock, Problems(logging.getLogger("test")))
     release = threading.Event()
 
     class Hanging:
@@ -283,14 +285,14 @@ def test_precedence_is_flags_then_environment_then_file(tmp_path: Path) -> None:
     "content,needle",
     [
         ('lisen = ":9001"\n', "unknown key 'lisen'"),
-        ('interval_s = "soon"\n', "interval_s must be a number"),
-        ("interval_s = 0\n", "interval_s must be >= 0.05"),
+        ('interval_s = "soon"\n', "interval_s: must be a number"),
+        ("interval_s = 0\n", "interval_s: must be between 0.05 and 3600 s, got 0"),
         ('listen = "9001"\n', "listen: expected HOST:PORT"),
         ('listen = ":99999"\n', "port must be 0-65535"),
         ("[thresholds]\nfed_dutty = 0.5\n", "unknown threshold 'fed_dutty'"),
         ("[thresholds]\nfed_duty = 3\n", "fed_duty"),
         ("interval_s = \n", "not valid TOML"),
-        ('log_level = "loud"\n', "log_level must be"),
+        ('log_level = "loud"\n', "log_level: must be debug, info, warning or error"),
     ],
 )
 def test_bad_configuration_names_the_key(tmp_path: Path, content: str, needle: str) -> None:
@@ -324,7 +326,7 @@ def test_check_config(tmp_path: Path) -> None:
     p = gpumon_cli("serve", "--check-config", "--config", str(tmp_path / "missing.toml"))
     assert p.returncode == 7 and "no such config file" in p.stderr
     p = gpumon_cli("serve", "--check-config", env={"GPUMON_LISTEN": "nowhere"})
-    assert p.returncode == 7 and "listen: expected HOST:PORT" in p.stderr
+    assert p.returncode == 7 and "GPUMON_LISTEN (listen): expected HOST:PORT" in p.stderr
 
 
 # -- lifecycle, as systemd runs it ------------------------------------------------------------------
@@ -453,3 +455,48 @@ def test_logs_carry_syslog_priorities_under_journald(tmp_path: Path) -> None:
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert p.stderr.startswith("gpumon") and p.returncode == 7  # not under journald: plain lines
+
+
+# -- problems: from the source to the state API and a counter, and cleared on recovery -----------
+
+
+def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_recover(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gpumon.sources.nvml import NvmlSource
+
+    from .test_nvml_source import FakePynvml
+
+    fake = FakePynvml()
+    clock = VirtualClock()
+    cfg = Config(listen="127.0.0.1:0")
+    problems = Problems(logging.getLogger("gpumon.test-problems"))
+    nvml = NvmlSource(fake, problems)
+    nvml.open()
+    sources = OpenedSources(gpu=nvml, host=None, description={"kind": "nvml"})
+    daemon = Daemon(cfg, clock=clock, sources=sources, problems=problems)
+    sampler = daemon.pipeline.sampler
+
+    def state() -> dict:
+        return daemon.state()
+
+    def counter() -> float:
+        return sample(daemon.render_metrics("")[0].decode(), "gpumon_source_problems_total", source="nvml")
+
+    with caplog.at_level(logging.INFO, logger="gpumon.test-problems"):
+        sampler.tick(1.0)
+        assert state()["problems"] == [] and counter() == 0
+        fake.lost = {1}
+        for t in (2.0, 3.0, 4.0):
+            sampler.tick(t)
+        assert any("gpu 1: unavailable" in p for p in state()["problems"]), state()["problems"]
+        assert counter() == 3
+        fake.lost = set()
+        sampler.tick(5.0)
+        assert state()["problems"] == [], "the problem cleared when the GPU answered again"
+        fake.lost = {1}
+        sampler.tick(6.0)  # it happens again: logged again
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("gpu 1: unavailable" in m and "logged once" in m for m in logged) == 2, logged
+    assert sum(m.startswith("recovered after 3 failures: gpu 1: unavailable") for m in logged) == 1, logged
+    assert counter() == 4

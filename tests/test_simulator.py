@@ -9,6 +9,8 @@ import pytest
 
 from gpumon.clock import VirtualClock
 from gpumon.errors import UsageError
+from gpumon.sim.fakehost import FakeHost
+from gpumon.sim.fakenvml import FakeNvml
 from gpumon.sim.fleet import BUFFER_SAMPLES, Fleet
 from gpumon.sim.scenarios import SCENARIOS, SWITCH_S, parse_scenarios
 from gpumon.sources.host import HostSource
@@ -18,9 +20,9 @@ from gpumon.sources.nvml import NvmlSource
 def run_fleet(names: str, seconds: int, period: float = 1 / 6, seed: int = 3, gpus: int | None = None):
     clock = VirtualClock()
     fleet = Fleet(parse_scenarios(names), gpus, seed, clock, period)
-    nvml = NvmlSource(fleet.nvml())
+    nvml = NvmlSource(FakeNvml(fleet))
     nvml.open()
-    host = HostSource(fleet.psutil())
+    host = HostSource(FakeHost(fleet))
     host.poll(0.0)
     ticks = []
     for _ in range(seconds):
@@ -73,7 +75,7 @@ def test_utilization_values_are_whole_percents_like_nvml() -> None:
 def test_buffer_keeps_the_newest_samples_and_answers_not_found_when_nothing_is_new() -> None:
     clock = VirtualClock()
     fleet = Fleet(parse_scenarios("healthy"), None, 0, clock)
-    nv = fleet.nvml()
+    nv = FakeNvml(fleet)
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     clock.advance(100.0)
@@ -92,7 +94,7 @@ def test_buffer_keeps_the_newest_samples_and_answers_not_found_when_nothing_is_n
 def test_utilization_rates_is_the_last_full_period() -> None:
     clock = VirtualClock()
     fleet = Fleet(parse_scenarios("starved-cpu"), None, 0, clock)
-    nv = fleet.nvml()
+    nv = FakeNvml(fleet)
     nv.nvmlInit()
     h = nv.nvmlDeviceGetHandleByIndex(0)
     for _ in range(20):
@@ -179,7 +181,7 @@ def test_fleet_rejects_fewer_gpus_than_scenarios_and_periods_outside_nvmls_range
 def test_memory_stays_bounded_over_a_long_run() -> None:
     clock = VirtualClock()
     fleet = Fleet(parse_scenarios("healthy"), None, 0, clock)
-    nvml = NvmlSource(fleet.nvml())
+    nvml = NvmlSource(FakeNvml(fleet))
     nvml.open()
     for _ in range(3000):
         clock.advance(1.0)

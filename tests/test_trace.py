@@ -10,6 +10,8 @@ import pytest
 from gpumon.clock import VirtualClock
 from gpumon.errors import OutputError, TraceError
 from gpumon.sampler import Sampler
+from gpumon.sim.fakehost import FakeHost
+from gpumon.sim.fakenvml import FakeNvml
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import parse_scenarios
 from gpumon.sources.host import HostSource
@@ -21,13 +23,13 @@ from gpumon.trace import TraceWriter, make_header, read_trace, tick_to_dict
 def record(path: Path, seconds: int = 20, scenarios: str = "starved-io,healthy,idle") -> list[dict]:
     clock = VirtualClock()
     fleet = Fleet(parse_scenarios(scenarios), None, 1, clock)
-    nvml = NvmlSource(fleet.nvml())
+    nvml = NvmlSource(FakeNvml(fleet))
     nvml.open()
     writer = TraceWriter(str(path), make_header({"kind": "simulated"}, 1.0))
     seen: list[dict] = []
     sampler = Sampler(
         nvml,
-        HostSource(fleet.psutil()),
+        HostSource(FakeHost(fleet)),
         clock,
         on_tick=[writer.write_tick, lambda t: seen.append(tick_to_dict(t))],
     )

@@ -16,6 +16,12 @@ CAUSES = ("cpu", "io", "host")
 WASTEFUL = frozenset({"starved", "stalled", "sync-stall", "underutilized"})
 
 
+def state_label(state: str, cause: str | None) -> str:
+    """`starved-cpu`, `healthy`, ...: a state with its cause, as scenarios, episodes and the state
+    API name them. The one place this label is built."""
+    return f"{state}-{cause}" if cause else state
+
+
 @dataclass(frozen=True, slots=True)
 class Classification:
     state: str
@@ -26,8 +32,7 @@ class Classification:
 
     @property
     def label(self) -> str:
-        """`starved-cpu`, `healthy`, ...: the state with its cause, as scenarios name them."""
-        return f"{self.state}-{self.cause}" if self.cause else self.state
+        return state_label(self.state, self.cause)
 
 
 def _conf(margin: float, scale: float) -> float:

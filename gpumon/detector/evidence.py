@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -98,7 +99,7 @@ def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
     return gaps, bursts
 
 
-def _mean(values: list[float]) -> float | None:
+def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
@@ -184,16 +185,14 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     seen = [procs for procs in per_host if procs]
     hosts = window.hosts
 
-    def avg(fn) -> float | None:
-        vals = [fn(procs) for procs in seen]
-        vals = [v for v in vals if v is not None]
-        return _mean(vals)
+    def avg(fn: Callable[[Sequence[ProcessCpu]], float | None]) -> float | None:
+        return _mean([v for v in (fn(procs) for procs in seen) if v is not None])
 
     def host_avg(attr: str) -> float | None:
         return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
 
     reads = [
-        sum(p.read_bytes_per_s for p in procs)
+        sum(p.read_bytes_per_s or 0.0 for p in procs)
         for procs in seen
         if all(p.read_bytes_per_s is not None for p in procs)
     ]

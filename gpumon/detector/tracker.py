@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpumon.detector.classify import STATES, WASTEFUL, Classification, classify
+from gpumon.detector.classify import STATES, WASTEFUL, Classification, classify, state_label
 from gpumon.detector.config import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detector.evidence import Evidence, GpuWindow, gather
 
@@ -32,7 +32,7 @@ class Episode:
 
     @property
     def label(self) -> str:
-        return f"{self.state}-{self.cause}" if self.cause else self.state
+        return state_label(self.state, self.cause)
 
     def duration_s(self, now_s: float) -> float:
         return (self.end_s if self.end_s is not None else now_s) - self.start_s
@@ -57,7 +57,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        return f"{self.state}-{self.cause}" if self.cause else self.state
+        return state_label(self.state, self.cause)
 
 
 def waste_share(state: str, evidence: Evidence) -> float:
@@ -154,7 +154,7 @@ class StarvationDetector:
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))
         self._open = _Open(key[0], key[1], since, reason)
-        label = f"{key[0]}-{key[1]}" if key[1] else key[0]
+        label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
     def _account(self, t: float, ev: Evidence) -> None:

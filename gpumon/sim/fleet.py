@@ -208,13 +208,3 @@ class Fleet:
     def sim_time(self) -> float:
         """Seconds since the fleet started (the scenario's clock)."""
         return self.clock.now() - self._t0
-
-    def nvml(self):  # -> FakeNvml; imported lazily to keep the modules one-way
-        from gpumon.sim.fakenvml import FakeNvml
-
-        return FakeNvml(self)
-
-    def psutil(self):  # -> FakeHost
-        from gpumon.sim.fakehost import FakeHost
-
-        return FakeHost(self)

@@ -28,7 +28,7 @@ log = logging.getLogger("gpumon.host")
 def load_psutil() -> ModuleType:
     import psutil
 
-    return psutil
+    return psutil  # type: ignore[no-any-return]  # untyped: seen as Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +159,10 @@ class HostSource:
         try:
             io = self._ps.disk_io_counters()
         except Exception as e:  # containers without /proc/diskstats
-            self._problems.note(f"host disk counters: {e}")
+            self._problems.note("host:disk", f"host disk counters: {e}")
             return None
+        if self._problems.any_active:
+            self._problems.clear("host:disk")
         return None if io is None else int(io.read_bytes)
 
     def _processes(self, pids: list[int], t_s: float) -> tuple[ProcessCpu, ...]:

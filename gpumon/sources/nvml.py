@@ -8,10 +8,12 @@ for that GPU. Per GPU: GPU_IS_LOST or UNKNOWN marks the GPU unavailable for this
 is dropped and fetched again next tick, so a GPU that comes back is picked up. NVML never creates a
 CUDA context or allocates GPU memory, so polling does not disturb the job being watched.
 
-Hung calls: with `call_timeout_s`, GPUs are read in a worker thread and the sampler waits at most
-that long. A GPU whose call does not return is marked unavailable and skipped, with its worker
-parked on it, until the call returns; the other GPUs are read by a fresh worker. Threads stay
-bounded (one per stuck GPU, plus one), and so does memory: late answers are dropped.
+Hung calls: with a CallGuard (gpumon.guard), every call that may hang is bracketed, per GPU and
+for the driver-wide ones (init, count). The sampling thread reads NVML itself, with no hand-off;
+when a supervisor finds it stuck in one GPU's call, it abandons the thread, that GPU is marked
+unavailable and skipped until the call returns, and a fresh thread goes on with the others. A
+driver-wide call that hangs makes the whole source fail fast (no NVML call at all) until it
+returns, so threads stay bounded: one per stuck GPU, one for a stuck driver, plus one.
 
 No driver at start: with `retry_init`, `poll` keeps trying nvmlInit with exponential backoff
 (1 s, 2 s, ... 60 s) and reports no GPUs meanwhile, so a daemon started before the driver picks
@@ -21,15 +23,13 @@ it up when it appears.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-from collections.abc import Callable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from functools import partial
 from types import ModuleType
 from typing import Any
 
 from gpumon.errors import NoDriverError
+from gpumon.guard import CallGuard
 from gpumon.model import DeviceInfo, GpuProcess, GpuSample, UtilPoint
 from gpumon.problems import Problems
 
@@ -89,6 +89,7 @@ class SampleClockAligner:
 
 @dataclass
 class _GpuState:
+    index: int = -1
     handle: Any = None
     uuid: str = ""
     name: str = ""
@@ -99,40 +100,17 @@ class _GpuState:
     memory_v1: bool = False
     """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""
     stuck_since: float | None = None
-    """Set while a call on this GPU has not returned (see _Worker)."""
-    stuck_worker: Any = None
-
-
-class _Worker:
-    """A thread that reads GPUs one after the other, so that a hung call can be abandoned.
-
-    Jobs and results travel on SimpleQueues (one lock hand-off each way per tick)."""
-
-    def __init__(self, on_done: Callable[[_Worker], None]) -> None:
-        self._on_done = on_done
-        self._jobs: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()
-        self.results: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        self.current: int | None = None
-        """The GPU whose calls are in progress (None: none, or the driver-wide count)."""
-        threading.Thread(target=self._loop, name="gpumon-nvml", daemon=True).start()
-
-    def run(self, job: Callable[[], Any]) -> None:
-        self._jobs.put(job)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                result: tuple[bool, Any] = (True, job())
-            except Exception as e:  # handed back to the sampler's thread, which raises it there
-                result = (False, e)
-            self.current = None
-            self._on_done(self)
-            self.results.put(result)
+    """Set while a call on this GPU has not returned (its thread was abandoned)."""
+    failing: set[str] = field(default_factory=set)
+    """Fields that failed in this tick's reading (their problems stay active)."""
 
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_DRIVER = "driver"
+"""What a driver-wide call (init, count) is guarded as."""
 
 
 class NvmlSource:
@@ -145,9 +123,8 @@ class NvmlSource:
         nvml: ModuleType | Any,
         problems: Problems | None = None,
         *,
-        call_timeout_s: float | None = None,
+        guard: CallGuard | None = None,
         retry_init: bool = False,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         self._nvml = nvml
         self._problems = problems or Problems(log)
@@ -155,16 +132,14 @@ class NvmlSource:
         self._open = False
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
-        self._timeout_s = call_timeout_s
         self._retry_init = retry_init
         self._next_init_t = 0.0
         self._init_backoff_s = 1.0
-        self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self.workers = 0
-        """Worker threads started so far (bounded: one per stuck GPU, plus one)."""
-        self._last_count = 0
-        self._primary: _Worker | None = None
+        self._guard = guard
+        self._driver_stuck_since: float | None = None
+        if guard is not None:
+            guard.on_hang = self._hung
+            guard.on_return = self._returned
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -172,46 +147,85 @@ class NvmlSource:
         """Initialise NVML; raise NoDriverError with a one-line hint when there is no driver.
 
         With `retry_init`, a missing driver is not an error: `poll` retries with backoff."""
+        self._check_driver_not_stuck("nvmlInit")
         try:
-            self._nvml.nvmlInit()
+            self._enter(_DRIVER)
+            try:
+                self._nvml.nvmlInit()
+            finally:
+                self._leave()
         except self._error_type as e:
-            code = getattr(e, "value", None)
-            self._no_driver(NO_DRIVER_HINT.format(why=_describe(e, code)))
+            self._no_driver(_init_failure(e, _code(e)))
             return
         except OSError as e:  # a library that exists but cannot be loaded
             self._no_driver(NO_DRIVER_HINT.format(why=str(e)))
             return
         self._open = True
         self._init_backoff_s = 1.0
-        self._problems.clear("nvml:")
+        self._problems.clear("nvml:driver")
 
     def _no_driver(self, message: str) -> None:
         if not self._retry_init:
             raise NoDriverError(message)
-        self._problems.note(f"nvml: {message}; retrying with backoff")
+        self._problems.note("nvml:driver", f"nvml: {message}; retrying with backoff")
 
     @property
     def is_open(self) -> bool:
         return self._open
 
     def close(self) -> None:
-        if self._open:
+        if self._open and self._driver_stuck_since is None:
             try:
                 self._nvml.nvmlShutdown()
             except self._error_type:
                 pass
             self._open = False
 
+    # -- hung calls ------------------------------------------------------------------------------
+
+    def _enter(self, what: Hashable) -> None:
+        if self._guard is not None:
+            self._guard.enter(what)
+
+    def _leave(self) -> None:
+        if self._guard is not None:
+            self._guard.leave()
+
+    def _hung(self, what: Hashable, since: float) -> None:
+        """The guard gave up on a thread stuck in a call on `what` (a GPU index, or the driver)."""
+        if what == _DRIVER:
+            self._driver_stuck_since = since
+            self._problems.note(
+                "nvml:driver", "nvml: a driver-wide NVML call does not return: NVML is not read until it does"
+            )
+        elif isinstance(what, int):
+            self._gpus.setdefault(what, _GpuState(what)).stuck_since = since
+
+    def _returned(self, what: Hashable) -> None:
+        """A call given up on has returned: read that GPU (or the driver) again from the next tick."""
+        if what == _DRIVER:
+            self._driver_stuck_since = None
+        elif isinstance(what, int) and what in self._gpus:
+            state = self._gpus[what]
+            state.stuck_since = None
+            state.handle = None
+
+    def _check_driver_not_stuck(self, call: str) -> None:
+        if self._driver_stuck_since is not None:
+            raise RuntimeError(f"{call} not attempted: an earlier driver-wide NVML call has not returned")
+
     # -- reading -----------------------------------------------------------------------------
 
     def devices(self) -> list[DeviceInfo]:
         out = []
-        for index in range(self._nvml.nvmlDeviceGetCount()):
+        for index in range(self._count()):
             try:
                 state = self._state(index)
                 mem = self._field(state, "memory", self._nvml.nvmlDeviceGetMemoryInfo, state.handle)
             except (_GpuLost, self._error_type) as e:
-                self._problems.note(f"gpu {index}: unavailable: {_describe(e, _code(e))}")
+                self._problems.note(
+                    f"nvml:gpu {index}:unavailable", f"gpu {index}: unavailable: {_describe(e, _code(e))}"
+                )
                 out.append(DeviceInfo(index, self._gpus.get(index, _GpuState()).uuid, "", None))
                 continue
             out.append(DeviceInfo(index, state.uuid, state.name, _int(mem, "total")))
@@ -226,20 +240,13 @@ class NvmlSource:
                 self._next_init_t = t_s + self._init_backoff_s
                 self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
                 return []
-        if self._timeout_s is None:
-            return self._poll_all(t_s, range(self._count()))
-        return self._poll_guarded(t_s)
-
-    def _count(self) -> int:
-        try:
-            return int(self._nvml.nvmlDeviceGetCount())
-        except self._error_type as e:
-            # The whole driver is gone (e.g. unloaded): let the sampler count it as a source failure.
-            raise RuntimeError(f"nvmlDeviceGetCount failed: {_describe(e, _code(e))}") from None
-
-    def _poll_all(self, t_s: float, indexes: Any, out: list[GpuSample] | None = None) -> list[GpuSample]:
-        samples = out if out is not None else []
-        for index in indexes:
+        samples: list[GpuSample] = []
+        for index in range(self._count()):
+            state = self._gpus.get(index)
+            if state is not None and state.stuck_since is not None:
+                samples.append(self._unavailable(index, t_s, "an NVML call on this GPU does not return"))
+                continue
+            self._enter(index)
             try:
                 sample = self._poll_gpu(index, t_s)
             except (_GpuLost, self._error_type) as e:
@@ -247,11 +254,27 @@ class NvmlSource:
                 state = self._gpus.get(index)
                 if state is not None:
                     state.handle = None  # ask for a fresh handle next tick
+            finally:
+                self._leave()
             samples.append(sample)
         return samples
 
+    def _count(self) -> int:
+        self._check_driver_not_stuck("nvmlDeviceGetCount")
+        self._enter(_DRIVER)
+        try:
+            count = int(self._nvml.nvmlDeviceGetCount())
+        except self._error_type as e:
+            # The whole driver is gone (e.g. unloaded): let the sampler count it as a source failure.
+            raise RuntimeError(f"nvmlDeviceGetCount failed: {_describe(e, _code(e))}") from None
+        finally:
+            self._leave()
+        if self._problems.any_active:
+            self._problems.clear("nvml:driver")
+        return count
+
     def _unavailable(self, index: int, t_s: float, why: str) -> GpuSample:
-        self._problems.note(f"gpu {index}: unavailable: {why}")
+        self._problems.note(f"nvml:gpu {index}:unavailable", f"gpu {index}: unavailable: {why}")
         state = self._gpus.get(index)
         return GpuSample(
             t_s=t_s,
@@ -262,88 +285,10 @@ class NvmlSource:
             error=why,
         )
 
-    # -- hung calls ------------------------------------------------------------------------------
-
-    def _worker(self) -> _Worker:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            self.workers += 1
-        return _Worker(self._worker_done)
-
-    def _worker_done(self, worker: _Worker) -> None:
-        if worker is self._primary:
-            return  # the common case: nothing was stuck, nothing to release
-        with self._lock:
-            for state in self._gpus.values():
-                if state.stuck_worker is worker:
-                    state.stuck_since = state.stuck_worker = None  # it returned: read it next tick
-            self._idle.append(worker)
-
-    def _poll_guarded(self, t_s: float) -> list[GpuSample]:
-        """One job per tick: count the GPUs and read those not stuck, under one deadline. A job
-        that misses it leaves its worker parked on the GPU it was reading (released when the call
-        returns); the GPUs after it go to another worker."""
-        assert self._timeout_s is not None
-        if self._primary is None:
-            self._primary = self._worker()
-        done: dict[int, GpuSample] = {}
-        todo: list[int] | None = None  # None: not counted yet
-        while True:
-            out: list[GpuSample] = []
-            worker = self._primary
-            worker.run(partial(self._job, t_s, todo, out, worker))
-            try:
-                ok, result = worker.results.get(timeout=self._timeout_s)
-            except queue.Empty:
-                culprit = worker.current
-                self._primary = self._worker()
-                for sample in list(out):
-                    done[sample.index] = sample
-                if culprit is None:  # the driver-wide count hung: nothing can be read
-                    raise RuntimeError(
-                        f"nvmlDeviceGetCount did not return within {self._timeout_s:g} s"
-                    ) from None
-                state = self._gpus.setdefault(culprit, _GpuState())
-                with self._lock:
-                    state.stuck_since, state.stuck_worker = t_s, worker
-                done[culprit] = self._unavailable(
-                    culprit, t_s, f"an NVML call did not return within {self._timeout_s:g} s"
-                )
-                todo = [i for i in (todo if todo is not None else range(self._last_count)) if i not in done]
-                if not todo:
-                    break
-                continue
-            if not ok:
-                raise result
-            if not done:
-                return result  # the common case: one job read every GPU
-            for sample in result:
-                done[sample.index] = sample
-            break
-        return [done[i] for i in sorted(done)]
-
-    def _job(
-        self, t_s: float, todo: list[int] | None, out: list[GpuSample], worker: _Worker
-    ) -> list[GpuSample]:
-        if todo is None:
-            todo = list(range(self._count()))
-            self._last_count = len(todo)
-        for index in todo:
-            state = self._gpus.get(index)
-            if state is not None and state.stuck_since is not None:
-                out.append(
-                    self._unavailable(
-                        index, t_s, f"an NVML call has not returned for {t_s - state.stuck_since:.0f} s"
-                    )
-                )
-                continue
-            worker.current = index
-            self._poll_all(t_s, (index,), out)
-        return out
-
     def _state(self, index: int) -> _GpuState:
-        state = self._gpus.setdefault(index, _GpuState())
+        state = self._gpus.get(index)
+        if state is None:
+            state = self._gpus[index] = _GpuState(index)
         if state.handle is None:
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
@@ -360,6 +305,8 @@ class NvmlSource:
         nv = self._nvml
         state = self._state(index)
         h = state.handle
+        if state.failing:
+            state.failing.clear()
         util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
         mem = self._memory(state)
         power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
@@ -369,8 +316,10 @@ class NvmlSource:
         tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
         procs = self._processes(state)
         history = self._history(state, t_s)
-        if self._problems.any_active:  # this GPU answered: clear what was wrong with it before
-            self._problems.clear(f"gpu {index}:")
+        if self._problems.any_active:  # this GPU answered: what failed before and not now is over
+            self._problems.clear_prefix(
+                f"nvml:gpu {index}:", keep={f"nvml:gpu {index}:{f}" for f in state.failing}
+            )
         # Positional and inline: this runs for every GPU on every tick (benchmarks/nvml_cost.py).
         return GpuSample(
             t_s,
@@ -423,7 +372,11 @@ class NvmlSource:
             except self._error_type as e:
                 if _code(e) != _INSUFFICIENT_SIZE:
                     raise
-        self._problems.note(f"gpu {state.uuid} processes: the list kept growing while read; left out")
+        state.failing.add("processes")
+        self._problems.note(
+            f"nvml:gpu {state.index}:processes",
+            f"gpu {state.index} processes: the list kept growing while read; left out",
+        )
         return None
 
     def _history(self, state: _GpuState, t_s: float) -> tuple[UtilPoint, ...]:
@@ -442,7 +395,10 @@ class NvmlSource:
                 return ()
             if code in _LOST_CODES:
                 raise _GpuLost(_describe(e, code)) from None
-            self._problems.note(f"gpu {state.uuid or '?'} samples: {_describe(e, code)}")
+            state.failing.add("samples")
+            self._problems.note(
+                f"nvml:gpu {state.index}:samples", f"gpu {state.index} samples: {_describe(e, code)}"
+            )
             return ()
         # Only samples strictly newer than the last seen, oldest first (drivers differ in order).
         fresh = sorted((s for s in raw if s.timeStamp > state.last_seen_ts_us), key=lambda s: s.timeStamp)
@@ -480,7 +436,10 @@ class NvmlSource:
                 return None
             if code in _LOST_CODES:
                 raise _GpuLost(_describe(e, code)) from None
-            self._problems.note(f"gpu {state.uuid} {name}: {_describe(e, code)}")
+            state.failing.add(name)
+            self._problems.note(
+                f"nvml:gpu {state.index}:{name}", f"gpu {state.index} {name}: {_describe(e, code)}"
+            )
             return None
         except Exception as e:  # pynvml's NVMLLibraryMismatchError is a plain Exception
             if type(e).__name__ == "NVMLLibraryMismatchError":
@@ -492,6 +451,26 @@ class NvmlSource:
 def _code(e: BaseException) -> int | None:
     value = getattr(e, "value", None)
     return value if isinstance(value, int) else None
+
+
+_NO_PERMISSION = 4
+
+
+def _init_failure(e: BaseException, code: int | None) -> str:
+    """What nvmlInit's failure means to the user: only a missing library calls for a driver."""
+    if code == _NO_PERMISSION:
+        return (
+            f"NVML refused access ({_describe(e, code)}): the driver is there, but this user may not "
+            "open /dev/nvidiactl and /dev/nvidia*; run gpumon as a user who may (as the systemd unit "
+            "does), not as a user without access"
+        )
+    if code == _DRIVER_NOT_LOADED:
+        return (
+            f"libnvidia-ml.so.1 is there but the NVIDIA kernel driver is not loaded ({_describe(e, code)}): "
+            "check `nvidia-smi` and `lsmod | grep nvidia`; or try gpumon with simulated GPUs: "
+            "--simulate healthy"
+        )
+    return NO_DRIVER_HINT.format(why=_describe(e, code))
 
 
 def _describe(e: BaseException, code: int | None) -> str:
@@ -521,4 +500,4 @@ def load_pynvml() -> ModuleType:
         raise MissingDependency(
             "NVIDIA's Python bindings are missing: pip install nvidia-ml-py (imported as pynvml)"
         ) from None
-    return pynvml
+    return pynvml  # type: ignore[no-any-return]  # untyped: seen as Any

@@ -13,16 +13,17 @@ cannot be told from `underutilized` from outside the process; those cases only r
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, replace
 
 from gpumon.clock import VirtualClock
-from gpumon.sampler import Sampler
+from gpumon.pipeline import Pipeline, SourceSpec
+from gpumon.pipeline.sources import simulated
+from gpumon.problems import Problems
 from gpumon.sim import scenarios as sc
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import Phase, Scenario
-from gpumon.sources.host import HostSource
-from gpumon.sources.nvml import NvmlSource
 from gpumon.trace import TraceWriter, make_header
 
 LABELS = (
@@ -180,20 +181,19 @@ def record(case: Case, path: str) -> None:
     """Write the case as a trace file, exactly as `gpumon record --simulate ... --speed max` would."""
     clock = VirtualClock()
     fleet = Fleet(list(case.scenarios), None, case.seed, clock, case.period_s, noise=case.noise)
-    nvml = NvmlSource(fleet.nvml())
-    nvml.open()
-    header = make_header(
-        {
-            "kind": "simulated",
-            "scenarios": [s.name for s in case.scenarios],
-            "gpus": len(case.scenarios),
-            "seed": case.seed,
-            "sample_period_s": round(case.period_s, 6),
-            "corpus_case": case.name,
-        },
-        1.0,
+    description = {
+        "kind": "simulated",
+        "scenarios": [s.name for s in case.scenarios],
+        "gpus": len(case.scenarios),
+        "seed": case.seed,
+        "sample_period_s": round(case.period_s, 6),
+        "corpus_case": case.name,
+    }
+    problems = Problems(logging.getLogger("gpumon.corpus"))
+    pipeline = Pipeline(
+        SourceSpec("simulated"), clock, sources=simulated(fleet, description, problems), problems=problems
     )
-    writer = TraceWriter(path, header, force=True)
-    sampler = Sampler(nvml, HostSource(fleet.psutil()), clock, window_s=4.0, on_tick=[writer.write_tick])
-    sampler.run(duration_s=case.duration_s)
+    writer = TraceWriter(path, make_header(description, 1.0), force=True)
+    pipeline.on_tick(writer.write_tick)
+    pipeline.run(duration_s=case.duration_s)
     writer.close(clock.now(), "duration")

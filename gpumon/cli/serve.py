@@ -1,0 +1,83 @@
+"""`gpumon serve`: the Prometheus exporter daemon. Its settings come from the file, the
+environment and these flags (gpumon.config); `--check-config` runs every check the start runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from gpumon import config as config_mod
+from gpumon.cli import flags
+from gpumon.config import SETTINGS, Config, ConfigError
+from gpumon.errors import EXIT_OK, GpumonError
+from gpumon.pipeline import describe_source
+
+FLAG_KEYS = ("listen", "interval_s", "web_config_file", *flags.SOURCE_KEYS, "log_level")
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    s = sub.add_parser(
+        "serve", parents=[common], help="the Prometheus exporter daemon: /metrics, /api/v1/state, /healthz"
+    )
+    s.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML configuration (default: $GPUMON_CONFIG, else /etc/gpumon/gpumon.toml if present)",
+    )
+    flags.add_setting(s, SETTINGS["listen"], from_config=True)
+    flags.add_interval(s, from_config=True, what="sampling interval")
+    flags.add_setting(s, SETTINGS["web_config_file"], from_config=True)
+    s.add_argument(
+        "--check-config",
+        action="store_true",
+        help="run every check the start runs (file, environment, flags, web config, trace or drive "
+        "file), then exit",
+    )
+    flags.add_source_flags(s, speed=False, from_config=True)
+    s.set_defaults(func=run)
+
+
+def load(args: argparse.Namespace) -> Config:
+    given = {k: getattr(args, k, None) for k in FLAG_KEYS}
+    return config_mod.load(args.config, dict(os.environ), given)
+
+
+def check(cfg: Config) -> dict[str, object]:
+    """What the start would refuse, short of binding the port and reading NVML (a daemon waits
+    for a missing driver): the web config with its TLS files, and a replay or drive source."""
+    from gpumon.clock import VirtualClock
+    from gpumon.daemon import source_spec
+    from gpumon.pipeline import open_sources
+    from gpumon.problems import Problems
+    from gpumon.webconfig import load_web_config
+
+    load_web_config(cfg.web_config_file)
+    spec = source_spec(cfg)
+    if spec.real_gpus:
+        return {"kind": "nvml"}
+    try:
+        opened = open_sources(spec, VirtualClock(), Problems(logging.getLogger("gpumon.check")))
+        opened.close()
+        return opened.description
+    except GpumonError as e:
+        key = {"replay": "replay", "driven": "drive", "simulated": "simulate"}[spec.kind]
+        raise ConfigError(f"{cfg.source_path or 'configuration'}: {key}: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpumon.daemon import Daemon, run_forever
+
+    cfg = load(args)
+    if args.check_config:
+        description = check(cfg)
+        host, port = cfg.host_port
+        print(
+            f"gpumon serve: configuration ok ({cfg.source_path or 'no file, defaults'}): "
+            f"listen {host or '*'}:{port}, interval {cfg.interval_s:g} s, {describe_source(description)}"
+        )
+        return EXIT_OK
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    return run_forever(Daemon(cfg, reload=lambda: load(args)))

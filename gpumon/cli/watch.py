@@ -1,0 +1,110 @@
+"""`gpumon watch`: a line per GPU per interval with its verdict; each GPU's episodes at the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpumon.cli import flags
+from gpumon.clock import SinceStart
+from gpumon.detector.tracker import Verdict
+from gpumon.errors import EXIT_OK
+from gpumon.model import Tick
+from gpumon.pipeline import Pipeline, describe_source
+
+_COLORS = {
+    "healthy": "32",
+    "starved": "1;31",
+    "stalled": "1;35",
+    "sync-stall": "1;35",
+    "underutilized": "33",
+    "idle": "2",
+    "unknown": "2",
+}
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    s = sub.add_parser(
+        "watch", parents=[common], help="print each GPU's utilization and verdict every interval"
+    )
+    flags.add_duration(s)
+    flags.add_interval(s, what="time between lines")
+    s.add_argument("--no-color", action="store_true", help="never colour the state column")
+    s.add_argument("-o", "--output", metavar="FILE", help="also record the samples to this trace file")
+    s.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    flags.add_threshold(s)
+    flags.add_source_flags(s, speed=True)
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    th = flags.thresholds(args)
+    spec = flags.source_spec(args)
+    clock = SinceStart(flags.clock_for(args, spec))
+    pipeline = Pipeline(spec, clock, interval_s=args.interval_s, thresholds=th)
+    writer = None
+    try:
+        if args.output:
+            from gpumon.trace import TraceWriter, make_header
+
+            writer = TraceWriter(
+                args.output, make_header(pipeline.description, args.interval_s), force=args.force
+            )
+            pipeline.on_tick(writer.write_tick)
+    except BaseException:
+        pipeline.close()
+        raise
+    color = sys.stdout.isatty() and not args.no_color
+    print(
+        f"gpumon watch: {describe_source(pipeline.description)}, every {args.interval_s:g} s "
+        "(Ctrl-C to stop)",
+        flush=True,
+    )
+    print(
+        f"{'TIME':>7} {'GPU':>3} {'UTIL':>5} {'DUTY':>5} {'MEM':>5} {'JOBCPU':>7}  "
+        f"{'STATE':<14} {'CAUSE':<5} {'CONF':>4} {'SINCE':>6}",
+        flush=True,
+    )
+    pipeline.on_verdicts(lambda tick, verdicts: _show(tick, verdicts, color))
+    reason = "duration"
+    try:
+        if flags.run_until_done(pipeline, args.duration).interrupted:
+            reason = "interrupted"
+    finally:
+        last = pipeline.sampler.last_tick
+        if writer is not None:
+            writer.close(last.t_s if last else None, reason)
+        pipeline.close()
+    end = last.t_s if last else 0.0
+    for key, det in sorted(pipeline.detector.fleet.gpus.items()):
+        episodes = [e for e in det.close(end) if e.state != "unknown"]
+        summary = ", ".join(f"{e.label} {e.start_s:.0f}-{e.end_s:.0f} s" for e in episodes) or "-"
+        print(f"GPU {key[0]}: {summary}; wasted {det.wasted_gpu_s:.0f} GPU-s", flush=True)
+    if writer is not None:
+        print(f"trace: {args.output} ({writer.ticks} ticks)", flush=True)
+    return EXIT_OK
+
+
+def _show(tick: Tick, verdicts: list[Verdict], color: bool) -> None:
+    for v in verdicts:
+        g = next((x for x in tick.gpus if x.index == v.index and x.uuid == v.uuid), None)
+        util = f"{g.util_ratio:.0%}" if g and g.util_ratio is not None else "-"
+        mem = (
+            f"{g.mem_used_bytes / g.mem_total_bytes:.0%}"
+            if g and g.mem_used_bytes is not None and g.mem_total_bytes
+            else "-"
+        )
+        ev = v.evidence
+        duty = f"{ev.duty_cycle:.0%}" if ev.duty_cycle is not None else "-"
+        cpu = f"{ev.job_cpu_cores:.1f}c" if ev.job_cpu_cores is not None else "-"
+        state = v.state.upper() if v.state == "starved" else v.state
+        text = f"{state:<14}"
+        if color:
+            text = f"\033[{_COLORS.get(v.state, '0')}m{text}\033[0m"
+        print(
+            f"{tick.t_s:7.1f} {v.index:>3} {util:>5} {duty:>5} {mem:>5} {cpu:>7}  {text} "
+            f"{v.cause or '-':<5} {v.confidence:4.2f} {tick.t_s - v.since_s:5.0f}s",
+            flush=True,
+        )

@@ -1,0 +1,142 @@
+"""Open what a SourceSpec names. This sits above both gpumon.sources and gpumon.sim: the sources
+never import the simulator; here the simulator's look-alikes are put behind the real NvmlSource
+and HostSource, so simulated runs take the same code paths as real GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpumon.clock import Clock
+from gpumon.guard import CallGuard
+from gpumon.pipeline.spec import SourceSpec
+from gpumon.problems import Problems
+from gpumon.sampler import GpuSource, HostSourceLike
+
+if TYPE_CHECKING:
+    from gpumon.trace import Trace
+
+
+@dataclass
+class OpenedSources:
+    gpu: GpuSource
+    host: HostSourceLike | None
+    description: dict[str, Any]
+    """Goes into trace headers and the state API: what is being sampled."""
+    exhausted: Callable[[], bool] | None = None
+    close: Callable[[], None] = field(default=lambda: None)
+    guard: CallGuard | None = None
+    """Set when the GPU source can hang (real NVML): the pipeline then runs its loop supervised."""
+    start: Callable[[], None] | None = None
+    """What opens the GPU source, when the pipeline must do it under supervision (nvmlInit)."""
+
+
+def open_sources(
+    spec: SourceSpec,
+    clock: Clock,
+    problems: Problems,
+    *,
+    retry_nvml: bool = False,
+) -> OpenedSources:
+    """`retry_nvml`: a daemon keeps trying a missing driver (with backoff) instead of failing."""
+    if spec.kind == "replay":
+        return _replay(spec)
+    if spec.kind == "driven":
+        return _driven(spec, clock, problems)
+    if spec.kind == "simulated":
+        from gpumon.sim.fleet import Fleet
+        from gpumon.sim.scenarios import SCENARIOS
+
+        fleet = Fleet(
+            [SCENARIOS[n] for n in spec.scenarios], spec.gpus, spec.seed, clock, spec.sample_period_s
+        )
+        return simulated(
+            fleet,
+            {
+                "kind": "simulated",
+                "scenarios": fleet.scenario_names,
+                "gpus": len(fleet.gpus),
+                "seed": spec.seed,
+                "sample_period_s": round(spec.sample_period_s, 6),
+            },
+            problems,
+        )
+    return _nvml(problems, retry_nvml)
+
+
+def simulated(fleet: Any, description: dict[str, Any], problems: Problems) -> OpenedSources:
+    """A simulated fleet behind the real NvmlSource and HostSource (also for the corpus)."""
+    from gpumon.sim.fakehost import FakeHost
+    from gpumon.sim.fakenvml import FakeNvml
+    from gpumon.sources.host import HostSource
+    from gpumon.sources.nvml import NvmlSource
+
+    nvml = NvmlSource(FakeNvml(fleet), problems)
+    nvml.open()
+    return OpenedSources(
+        gpu=nvml, host=HostSource(FakeHost(fleet), problems), description=description, close=nvml.close
+    )
+
+
+def _replay(spec: SourceSpec) -> OpenedSources:
+    from gpumon.trace import read_trace
+
+    assert spec.file is not None
+    return replayed(read_trace(spec.file))
+
+
+def replayed(trace: Trace) -> OpenedSources:
+    """A trace already read, played back (also what `analyze` runs the detector over)."""
+    from gpumon.sources.replay import ReplayHost, ReplaySource
+
+    replay = ReplaySource(trace)
+    return OpenedSources(
+        gpu=replay,
+        host=ReplayHost(replay),
+        description={"kind": "replay", "file": trace.path, "recorded_from": trace.header.get("source", {})},
+        exhausted=lambda: replay.exhausted,
+    )
+
+
+def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources:
+    from gpumon.sim.driven import driven_fleet
+    from gpumon.sim.fakenvml import FakeNvml
+    from gpumon.sources.host import HostSource, load_psutil
+    from gpumon.sources.nvml import NvmlSource
+
+    assert spec.file is not None
+    fleet = driven_fleet(spec.file, clock, spec.sample_period_s)
+    nvml = NvmlSource(FakeNvml(fleet), problems)
+    nvml.open()
+    # the GPU is simulated, the host is not: the job's real processes are read
+    return OpenedSources(
+        gpu=nvml,
+        host=HostSource(load_psutil(), problems),
+        description={
+            "kind": "simulated",
+            "scenarios": ["driven"],
+            "gpus": 1,
+            "driven_by": spec.file,
+            "sample_period_s": round(spec.sample_period_s, 6),
+        },
+        close=nvml.close,
+    )
+
+
+def _nvml(problems: Problems, retry: bool) -> OpenedSources:
+    from gpumon.sources.host import HostSource, load_psutil
+    from gpumon.sources.nvml import NvmlSource, load_pynvml
+
+    # A real driver can hang a call (a GPU falling off the bus): every call that may hang is
+    # bracketed by the guard, and the pipeline supervises the thread that makes it.
+    guard = CallGuard()
+    nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry)
+    return OpenedSources(
+        gpu=nvml,
+        host=HostSource(load_psutil(), problems),
+        description={"kind": "nvml"},
+        close=nvml.close,
+        guard=guard,
+        start=nvml.open,
+    )

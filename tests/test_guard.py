@@ -1,0 +1,95 @@
+"""A hung NVML call costs its thread, never the other GPUs or the loop: the guard, the supervisor
+and the NVML source together, on a pynvml look-alike whose calls the test blocks and releases."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from gpumon.guard import CallGuard
+from gpumon.pipeline.supervisor import Supervisor
+from gpumon.problems import Problems
+from gpumon.sources.nvml import NvmlSource
+
+from .test_nvml_source import FakePynvml
+
+
+class BlockingPynvml(FakePynvml):
+    """Calls on the GPUs in `blocked` (or the count, with `count_blocked`) wait until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked: set[int] = set()
+        self.count_blocked = False
+        self.release = threading.Event()
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self.count_blocked:
+            self.release.wait(30)
+        return 2
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        if h in self.blocked:
+            self.release.wait(30)
+        return super().nvmlDeviceGetPowerUsage(h)
+
+
+def setup() -> tuple[BlockingPynvml, CallGuard, NvmlSource, Supervisor]:
+    fake = BlockingPynvml()
+    guard = CallGuard()
+    src = NvmlSource(fake, Problems(logging.getLogger("test.guard")), guard=guard)
+    src.open()
+    return fake, guard, src, Supervisor(guard, timeout_s=0.1)
+
+
+def test_a_hung_gpu_costs_one_thread_and_is_read_again_once_its_call_returns() -> None:
+    fake, guard, src, sup = setup()
+    fake.blocked = {1}
+    start = time.monotonic()
+    gpus = sup.call(lambda: src.poll(1.0))
+    assert time.monotonic() - start < 2.0
+    assert gpus[0].available and not gpus[1].available and "does not return" in (gpus[1].error or "")
+    assert sup.replaced == 1 and guard.stuck_threads == 1
+    gpus = sup.call(lambda: src.poll(2.0))  # the stuck GPU is skipped at once: no new thread
+    assert sup.replaced == 1 and not gpus[1].available
+    fake.blocked = set()
+    fake.release.set()  # the hung call returns; its thread ends without handing anything back
+    deadline = time.monotonic() + 5
+    while guard.stuck_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guard.stuck_threads == 0
+    gpus = sup.call(lambda: src.poll(3.0))
+    assert all(g.available for g in gpus), "read again once the call returned"
+
+
+def test_a_driver_wide_hang_makes_the_source_fail_fast_with_bounded_threads() -> None:
+    fake, guard, src, sup = setup()
+    fake.count_blocked = True
+    before = threading.active_count()
+    failures = 0
+    for t in range(20):
+        try:
+            sup.call(lambda t=t: src.poll(float(t)))  # type: ignore[misc]
+        except RuntimeError as e:
+            failures += 1
+            assert "driver-wide" in str(e)
+    assert failures >= 19 and sup.replaced == 1, "one thread left behind, not one per tick"
+    assert threading.active_count() <= before + 1
+    fake.count_blocked = False
+    fake.release.set()
+    deadline = time.monotonic() + 5
+    while guard.stuck_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sup.call(lambda: src.poll(30.0))) == 2, "the driver is read again once it answers"
+
+
+def test_a_call_returning_just_as_it_is_abandoned_leaves_nothing_marked() -> None:
+    guard = CallGuard()
+    marks: list[tuple[str, object]] = []
+    guard.on_hang = lambda what, since: marks.append(("hang", what))
+    guard.on_return = lambda what: marks.append(("return", what))
+    guard.enter("gpu 0")
+    ident = threading.get_ident()
+    guard.leave()  # it returned first: abandoning now finds nothing
+    assert guard.abandon(ident) is False and marks == []
