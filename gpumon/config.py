@@ -242,9 +242,10 @@ class Config:
         ),
     )
     max_connections: int = setting(
-        64,
+        4096,
         Spec(
-            "concurrent HTTP clients; more are refused with 503",
+            "open HTTP connections; at the limit, the one that has waited longest without sending a "
+            "whole request is closed to make room",
             env="GPUMON_MAX_CONNECTIONS",
             minimum=1,
             maximum=65536,
@@ -253,7 +254,7 @@ class Config:
     request_timeout_s: float = setting(
         10.0,
         Spec(
-            "a client that sends nothing for this long is dropped",
+            "the deadline for a request's whole head (and a TLS handshake, and an idle keep-alive)",
             env="GPUMON_REQUEST_TIMEOUT",
             minimum=0.1,
             maximum=3600.0,

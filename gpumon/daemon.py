@@ -1,24 +1,29 @@
 """`gpumon serve`: the exporter daemon, a pipeline (gpumon.pipeline) with the fleet's sinks.
 
 Threads: the sampler ticks in its own (supervised) thread and, as a verdict subscriber, publishes
-an immutable Snapshot after each tick;
-HTTP requests read only that snapshot (rendered /metrics is cached per snapshot). The main thread
-waits for signals: SIGTERM/SIGINT stop within 2 s, SIGHUP reloads the configuration. systemd hears
-READY once the first tick is published, WATCHDOG from the sampling loop (so a wedged sampler gets
-restarted), RELOADING and STOPPING.
+an immutable Snapshot after each tick; HTTP requests (gpumon.web, one event loop) read only that
+snapshot (/metrics is rendered once per snapshot; only its age is filled in per scrape). The main
+thread waits for signals with sigwait, so nothing wakes while idle: SIGTERM/SIGINT stop within
+2 s, SIGHUP reloads the configuration. systemd hears READY once the first tick is published,
+WATCHDOG from the sampling loop while NVML gives fresh data (so a wedged sampler or a hung driver
+gets the service restarted), RELOADING and STOPPING.
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import os
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client import utils as _prom_utils
 from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
@@ -47,6 +52,39 @@ def source_spec(cfg: Config) -> SourceSpec:
         replay=cfg.replay,
         drive=cfg.drive,
     )
+
+
+NVML_STALE_S = 60.0
+"""NVML gave no fresh data (a GPU answering, or a count of none) for this long, after it had:
+/healthz fails and the systemd watchdog pings stop, so the service is restarted."""
+NO_DRIVER_GRACE_S = 60.0
+"""No NVIDIA driver since start for this long: /healthz fails (the daemon keeps retrying, and
+keeps pinging the watchdog: a restart would not bring a driver)."""
+FIRST_TICK_S = 0.1
+"""The first sample comes this soon after start (later ones on the interval's grid)."""
+
+
+def _float_text(value: float) -> str:
+    """A number as the exposition formats write it (prometheus_client's own function)."""
+    return str(_prom_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
+
+
+AGE_SENTINEL = 123456789.125
+"""Rendered in place of the sample age, which is filled in when a scraper asks."""
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """One snapshot's exposition in one format, split around the age (filled in per scrape)."""
+
+    stamp: int
+    content_type: str
+    head: bytes
+    tail: bytes
+    gz_head: bytes
+    gz_state: Any
+    """zlib compressor after `head`: a copy finishes the gzip stream with the age and tail."""
+    t_s: float
 
 
 class Daemon:
@@ -82,12 +120,16 @@ class Daemon:
         self.pipeline.on_verdicts(self._publish)
         self.snapshot: Snapshot | None = None
         self._render_lock = threading.Lock()
-        self._rendered: dict[str, tuple[int, bytes, str]] = {}
+        self._rendered: dict[str, _Rendered] = {}
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpumonCollector(lambda: self.snapshot, self.clock.now))
+        self.registry.register(GpumonCollector(lambda: self.snapshot, lambda snap: AGE_SENTINEL))
         self._ready = threading.Event()
         self.web: WebServer | None = None
         self._sampler_thread: threading.Thread | None = None
+        self.failed = False
+        """The sampling loop died: the process must end with a failure (systemd restarts it)."""
+        self._started_t = self.clock.now()
+        self._nvml_fresh_t: float | None = None
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -101,39 +143,82 @@ class Daemon:
             )
             for key, det in self.detector.fleet.gpus.items()
         }
+        gpu_ok = self.sampler.stats.get(self.sources.gpu.name)
+        if (
+            gpu_ok is not None
+            and gpu_ok.last_success
+            and (not tick.gpus or any(g.available for g in tick.gpus))
+        ):
+            self._nvml_fresh_t = tick.t_s
         self.snapshot = Snapshot(
             t_s=tick.t_s,
             tick=tick,
             verdicts=tuple(verdicts),
             counters=counters,
-            sources={k: _copy_stats(v) for k, v in self.sampler.stats.items()},
+            sources={k: replace(v) for k, v in self.sampler.stats.items()},
             ticks=self.sampler.ticks,
             skipped_ticks=self.sampler.skipped_ticks,
             source_description=self.sources.description,
             problems=self.pipeline.problems.active(),
             problem_totals=dict(self.pipeline.problems.totals),
         )
-        self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
+        if self.nvml_trouble(tick.t_s)[0] != "stale":
+            self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
 
-    def render_metrics(self, accept: str) -> tuple[bytes, str]:
-        """The exposition for this snapshot, rendered once and served to every scraper."""
+    def nvml_trouble(self, now: float) -> tuple[str | None, str]:
+        """("stale", why) when NVML stopped giving data after it had (restart: the watchdog stops);
+        ("absent", why) when it never has since start, past the grace period; (None, "")."""
+        if self.pipeline.spec.kind != "nvml":
+            return None, ""
+        if self._nvml_fresh_t is not None:
+            age = now - self._nvml_fresh_t
+            if age >= NVML_STALE_S:
+                return "stale", f"no fresh NVML data for {age:.0f} s (limit {NVML_STALE_S:g} s)"
+            return None, ""
+        if now - self._started_t >= NO_DRIVER_GRACE_S:
+            problems = [p for p in self.pipeline.problems.active() if p.startswith(("nvml", "source nvml"))]
+            why = problems[0] if problems else "no GPU has answered"
+            return "absent", f"no NVML data since start ({why})"
+        return None, ""
+
+    def render_metrics(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str, str | None]:
+        """The exposition for this snapshot, rendered once and served to every scraper; only the
+        sample age is filled in per scrape (so it stays true when the sampler stops)."""
         encoder, content_type = choose_encoder(accept)
         snap = self.snapshot
         stamp = id(snap)
         with self._render_lock:
-            cached = self._rendered.get(content_type)
-            if cached is None or cached[0] != stamp or snap is None:
-                body = encoder(self.registry)
-                cached = (stamp, body, content_type)
-                self._rendered[content_type] = cached
-        return cached[1], cached[2]
+            r = self._rendered.get(content_type)
+            if r is None or r.stamp != stamp:
+                r = self._render(encoder(self.registry), stamp, content_type, snap)
+                self._rendered[content_type] = r
+        age = b"" if snap is None else _float_text(round(max(0.0, self.clock.now() - r.t_s), 3)).encode()
+        if not gzip_ok:
+            return r.head + age + r.tail, content_type, None
+        c = r.gz_state.copy()
+        return r.gz_head + c.compress(age + r.tail) + c.flush(), content_type, "gzip"
+
+    @staticmethod
+    def _render(body: bytes, stamp: int, content_type: str, snap: Snapshot | None) -> _Rendered:
+        marker = _float_text(AGE_SENTINEL).encode()
+        head, found, tail = body.partition(marker)
+        if not found or marker in tail:
+            head, tail = body, b""
+        comp = zlib.compressobj(6, zlib.DEFLATED, 31)
+        gz_head = comp.compress(head)
+        return _Rendered(stamp, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
 
     def state(self) -> dict[str, Any]:
         snap = self.snapshot
         if snap is None:
-            return {"schema": "gpumon-state/1", "ready": False, "gpus": []}
+            return {
+                "schema": "gpumon-state/1",
+                "ready": False,
+                "source": self.sources.description,
+                "gpus": [],
+            }
         doc = to_state_json(snap, self.clock.now() - snap.t_s)
         doc["ready"] = True
         doc["interval_s"] = self.cfg.interval_s
@@ -143,10 +228,14 @@ class Daemon:
         snap = self.snapshot
         if snap is None:
             return False, "starting: no sample yet"
-        age = self.clock.now() - snap.t_s
+        now = self.clock.now()
+        age = now - snap.t_s
         limit = 3 * self.cfg.interval_s + 5
         if age > limit:
             return False, f"stale: the newest sample is {age:.0f} s old (limit {limit:g} s)"
+        trouble, why = self.nvml_trouble(now)
+        if trouble is not None:
+            return False, f"nvml: {why}"
         return True, f"ok: {len(snap.tick.gpus)} GPU(s), newest sample {age:.1f} s old"
 
     def landing(self) -> str:
@@ -163,12 +252,13 @@ class Daemon:
 
     def start(self) -> int:
         """Start sampling and serving; returns the port (useful with port 0)."""
-        self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-sampler", daemon=True)
+        self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-loop", daemon=True)
         self._sampler_thread.start()
         port = self.start_http_only()
         host = self.cfg.host_port[0]
         scheme = "https" if self.web_config.tls else "http"
-        log.info("serving on %s:%d (%s), sampling every %g s", host or "*", port, scheme, self.cfg.interval_s)
+        shown = f"[{host}]" if ":" in host else (host or "*")
+        log.info("serving on %s:%d (%s), sampling every %g s", shown, port, scheme, self.cfg.interval_s)
         return port
 
     def start_http_only(self) -> int:
@@ -182,16 +272,23 @@ class Daemon:
 
     def _sample(self) -> None:
         try:
-            self.pipeline.run(stop=self.stop_event)
+            self.pipeline.run(stop=self.stop_event, first_tick_s=FIRST_TICK_S)
+            exhausted = self.sources.exhausted
+            if exhausted is not None and exhausted():
+                log.info("the replay ended: serving its last sample")
+                return
         except Exception:  # a bug in the loop: exit so systemd restarts us, rather than serve stale data
             log.exception("the sampler stopped")
+        if not self.stop_event.is_set():  # the loop ended without being asked to
+            self.failed = True
             self.stop_event.set()
+            _wake_main_thread()
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait for the first published sample; a stop (SIGTERM during start-up) ends the wait."""
         deadline = time.monotonic() + timeout
         while not self._ready.is_set() and not self.stop_event.is_set() and time.monotonic() < deadline:
-            self._ready.wait(0.1)
+            self._ready.wait(0.05)
         ok = self._ready.is_set()
         if ok and self.snapshot is not None:
             self.notifier.ready(f"sampling {len(self.snapshot.tick.gpus)} GPU(s)")
@@ -208,17 +305,24 @@ class Daemon:
             log.error("reload failed, keeping the running configuration: %s", e)
             self.notifier.ready("reload failed")
             return
-        if (new.listen, new.simulate, new.replay, new.interval_s) != (
-            self.cfg.listen,
-            self.cfg.simulate,
-            self.cfg.replay,
-            self.cfg.interval_s,
-        ):
-            log.warning("reload: listen, interval, simulate and replay change only on restart")
+        restart_only = (
+            "listen",
+            "interval_s",
+            "simulate",
+            "replay",
+            "drive",
+            "gpus",
+            "seed",
+            "max_connections",
+        )
+        changed = [k for k in restart_only if getattr(new, k) != getattr(self.cfg, k)]
+        if changed or web.tls != self.web_config.tls:
+            log.warning("reload: %s change only on restart", ", ".join(changed) or "turning TLS on or off")
         self.pipeline.set_thresholds(new.thresholds)
         logging.getLogger().setLevel(new.log_level.upper())
         if self.web is not None:
             self.web.reconfigure(web)
+        self.web_config = web
         self.cfg = new
         log.info("configuration reloaded")
         self.notifier.ready("configuration reloaded")
@@ -233,18 +337,28 @@ class Daemon:
         self.pipeline.close()
 
 
-def _copy_stats(st: Any) -> Any:
-    from dataclasses import replace
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+_MAIN_THREAD = threading.main_thread().ident
 
-    return replace(st)
+
+def _wake_main_thread() -> None:
+    """SIGUSR1 to ourselves: the main thread, in sigwait, notices that the daemon stopped."""
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    except OSError:
+        pass
+
+
+def block_signals() -> None:
+    """Hold the daemon's signals for sigwait, in this thread and every thread started after.
+    Called first thing in `serve`, so a SIGHUP during start-up is a reload, not a death."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
 
 
 def run_forever(daemon: Daemon) -> int:
-    """Serve until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code."""
-    hup = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop_event.set())
-    signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    """Serve until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code: 0 after a stop
+    asked for by a signal, 1 when the sampling loop died (systemd's Restart=on-failure)."""
+    block_signals()
     daemon.start()
     if (
         not daemon.wait_ready(timeout=max(30.0, 10 * daemon.cfg.interval_s))
@@ -252,11 +366,12 @@ def run_forever(daemon: Daemon) -> int:
     ):
         log.warning("no sample yet after start: serving anyway")
     while not daemon.stop_event.is_set():
-        daemon.stop_event.wait(0.2)
-        if hup.is_set():
-            hup.clear()
+        sig = signal.sigwait(_SIGNALS)
+        if sig == signal.SIGHUP:
             daemon.reload()
+        elif sig in (signal.SIGTERM, signal.SIGINT):
+            daemon.stop_event.set()
     start = time.monotonic()
     daemon.stop()
     log.info("stopped in %.2f s", time.monotonic() - start)
-    return 0
+    return 1 if daemon.failed else 0

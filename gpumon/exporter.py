@@ -21,9 +21,11 @@ GPU_LABELS = ["gpu", "uuid"]
 
 
 class GpumonCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Snapshot | None], now: Callable[[], float]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot | None], age_s: Callable[[Snapshot], float]) -> None:
+        """`age_s(snapshot)`: what gpumon_last_sample_age_seconds says (the daemon renders a
+        placeholder there and fills in the real age when a scraper asks)."""
         self._snapshot = snapshot
-        self._now = now
+        self._age_s = age_s
 
     def collect(self) -> Iterator[Metric]:
         yield from _build_info()
@@ -32,7 +34,7 @@ class GpumonCollector(Collector):
             return
         yield from _gpu_metrics(s)
         yield from _host_metrics(s)
-        yield from _self_metrics(s, self._now())
+        yield from _self_metrics(s, self._age_s(s))
 
 
 def _build_info() -> Iterator[Metric]:
@@ -200,7 +202,7 @@ def _host_metrics(s: Snapshot) -> Iterator[Metric]:
             yield GaugeMetricFamily(name, doc, value=value)
 
 
-def _self_metrics(s: Snapshot, now: float) -> Iterator[Metric]:
+def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
     ok = GaugeMetricFamily(
         "gpumon_source_up", "1 when the source's last reading succeeded.", labels=["source"]
     )
@@ -224,7 +226,7 @@ def _self_metrics(s: Snapshot, now: float) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "gpumon_last_sample_age_seconds",
         "Seconds since the newest sample: the values are sampled in the background.",
-        value=round(max(0.0, now - s.t_s), 3),
+        value=age_s,
     )
     yield GaugeMetricFamily("gpumon_gpus", "GPUs seen in the last tick.", value=len(s.tick.gpus))
     yield CounterMetricFamily("gpumon_sampler_ticks", "Sampler ticks since start.", value=s.ticks)

@@ -158,11 +158,13 @@ class Sampler:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Take the baseline readings and fix the tick schedule (once; later calls do nothing)."""
+    def start(self, first_tick_s: float | None = None) -> None:
+        """Take the baseline readings and fix the tick schedule (once; later calls do nothing):
+        the first tick `first_tick_s` after now (default one interval), the others on its grid."""
         if self._start is None:
             self._prime()
-            self._start = self.clock.now()
+            first = self.interval_s if first_tick_s is None else min(first_tick_s, self.interval_s)
+            self._start = self.clock.now() + first - self.interval_s
             self._k = 1
 
     def until(self, duration_s: float | None) -> float | None:

@@ -12,8 +12,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpumon.cli import build_parser, main
+from gpumon.cli import main
 from gpumon.cli import serve as serve_cmd
+from gpumon.cli.main import build_parser
 from gpumon.config import SETTINGS, load
 
 from .conftest import ROOT, free_port, gpumon, start_serve

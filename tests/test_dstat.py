@@ -105,7 +105,8 @@ def test_the_starved_gpu_shows_its_state_beside_the_cpu(home: Path, daemon: str,
         util0, mem0, state0 = gpu0.split()
         util1, _, state1 = gpu1.split()
         assert state0 == "STcpu" and state1 == "ok"
-        assert 5 <= int(util0) <= 60 and int(util1) >= 80 and int(mem0) == 60
+        # utilization is the last 1/6 s: a starved GPU may read 0 in a gap, never busy
+        assert 0 <= int(util0) <= 60 and int(util1) >= 80 and int(mem0) == 60
 
 
 @pytest.mark.parametrize("which", ["dstat", "dool"])

@@ -1,100 +1,38 @@
-"""The `gpumon` command line: one module per command, beside the flags they share (flags.py).
+"""The `gpumon` command line: one module per command (gpumon/cli/*.py), beside the flags they
+share (flags.py); main.py parses and maps errors to exit codes.
 
-Every error a user can cause ends in one line on stderr and a documented exit code (README,
-"Exit codes"); tracebacks are only shown with --debug.
+This file stays small on purpose: `gpumon serve` must hold its signals (so that a SIGHUP during
+start-up is a reload, not a death) before the rest of gpumon is even imported.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
+import signal
 import sys
 from collections.abc import Sequence
 
-from gpumon import __version__
-from gpumon.cli import analyze, bench, demo, devices, dstat_plugin, flags, record, scenarios, serve, watch
-from gpumon.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GpumonError, UsageError
-
-COMMANDS = (devices, scenarios, record, analyze, watch, serve, demo, bench, dstat_plugin)
+_DAEMON_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpumon", description="Catch GPUs starved by their input pipeline (CPU or storage)."
-    )
-    p.add_argument("--version", action="version", version=f"gpumon {__version__}")
-    flags.add_common(p, top=True)
-    common = argparse.ArgumentParser(add_help=False)
-    flags.add_common(common, top=False)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(sub, common)
-    return p
-
-
-_SYSLOG_PRIORITY = {
-    logging.CRITICAL: 2,
-    logging.ERROR: 3,
-    logging.WARNING: 4,
-    logging.INFO: 6,
-    logging.DEBUG: 7,
-}
-
-
-class _JournalFormatter(logging.Formatter):
-    """Under systemd, stderr goes to journald: a "<N>" prefix carries the priority, and journald
-    already adds the time and the unit's name."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{record.getMessage()}"
-
-
-def _stderr_is_journal() -> bool:
-    stream = os.environ.get("JOURNAL_STREAM", "")
-    if ":" not in stream:
-        return False
-    try:
-        st = os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError):
-        return False
-    return stream == f"{st.st_dev}:{st.st_ino}"
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if _stderr_is_journal():
-        handler.setFormatter(_JournalFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("gpumon: %(levelname)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command named by these arguments (the first one that is not an option)."""
+    takes_value = {"--log-level"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
-    _setup_logging(args.log_level or "warning")
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    try:
-        return int(args.func(args))
-    except UsageError as e:
-        parser.exit(e.exit_code, f"gpumon {args.command}: error: {e}\n")
-    except GpumonError as e:
-        print(f"gpumon: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except (KeyboardInterrupt, flags.Interrupted):
-        print("gpumon: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_OK
-    except Exception as e:
-        if args.debug:
-            raise
-        print(
-            f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)", file=sys.stderr
-        )
-        return EXIT_INTERNAL
+    args = sys.argv[1:] if argv is None else list(argv)
+    if argv is None and command_of(args) == "serve":
+        # The daemon takes these with sigwait (gpumon.daemon.run_forever); threads inherit it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _DAEMON_SIGNALS)
+    from gpumon.cli.main import main as run
+
+    return run(args)

@@ -103,9 +103,15 @@ class Pipeline:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
-        """Sample until `duration_s` has passed, `stop` is set or a replay ends."""
-
+    def run(
+        self,
+        duration_s: float | None = None,
+        stop: threading.Event | None = None,
+        first_tick_s: float | None = None,
+    ) -> None:
+        """Sample until `duration_s` has passed, `stop` is set or a replay ends. `first_tick_s`:
+        the first tick this soon after start (default: one interval)."""
+        self.sampler.start(first_tick_s)
         until = self.sampler.until(duration_s)  # once: a thread that takes over keeps the same end
 
         def loop() -> None:

@@ -1,0 +1,159 @@
+"""Parse the command line, run the command, map errors to exit codes.
+
+Every error a user can cause ends in one line on stderr and a documented exit code (README,
+"Exit codes"); tracebacks are only shown with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpumon import __version__
+from gpumon.cli import analyze, bench, demo, devices, dstat_plugin, flags, record, scenarios, serve, watch
+from gpumon.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    GpumonError,
+    OutputError,
+    UsageError,
+)
+
+COMMANDS = (devices, scenarios, record, analyze, watch, serve, demo, bench, dstat_plugin)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpumon", description="Catch GPUs starved by their input pipeline (CPU or storage)."
+    )
+    p.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    flags.add_common(p, top=True)
+    common = argparse.ArgumentParser(add_help=False)
+    flags.add_common(common, top=False)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub, common)
+    return p
+
+
+_SYSLOG_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+class _JournalFormatter(logging.Formatter):
+    """Under systemd, stderr goes to journald: a "<N>" prefix carries the priority, and journald
+    already adds the time and the unit's name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{record.getMessage()}"
+
+
+def _stderr_is_journal() -> bool:
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    if ":" not in stream:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if _stderr_is_journal():
+        handler.setFormatter(_JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("gpumon: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
+    _setup_logging(args.log_level or "warning")
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+        return code
+    except UsageError as e:
+        parser.exit(e.exit_code, f"gpumon {args.command}: error: {e}\n")
+    except GpumonError as e:
+        if isinstance(e, OutputError) and "standard output" in str(e):
+            _silence_stdout()
+        print(f"gpumon: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except (KeyboardInterrupt, flags.Interrupted):
+        print("gpumon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as e:
+        if args.debug:
+            raise
+        print(
+            f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)", file=sys.stderr
+        )
+        return EXIT_INTERNAL
+
+
+class _GuardedStdout:
+    """sys.stdout whose failures (a full disk, a dead terminal) are OutputErrors, exit 5; a closed
+    pipe (`| head`) stays a BrokenPipeError, which ends quietly."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OutputError(f"cannot write to standard output: {e.strerror}") from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OutputError(f"cannot write to standard output: {e.strerror}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    except (OSError, ValueError):
+        pass

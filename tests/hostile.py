@@ -1,0 +1,141 @@
+"""Hostile and clumsy HTTP clients, as fixtures for the exporter's tests and its benchmark: the
+slowloris that trickles a header line at a time, the client that hangs up mid-request, requests
+that smuggle a body, and a plain raw exchange to see exactly what the server wrote."""
+
+from __future__ import annotations
+
+import http.client
+import resource
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def raw_exchange(host: str, port: int, data: bytes, wait_s: float = 2.0) -> bytes:
+    """Send `data` and return every byte the server sends until it closes (or `wait_s` of quiet)."""
+    with socket.create_connection((host, port), timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return out
+
+
+def responses_in(data: bytes) -> list[bytes]:
+    """The status lines found in raw bytes from the server."""
+    return [line for line in data.split(b"\r\n") if line.startswith(b"HTTP/")]
+
+
+def raise_fd_limit(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
+
+
+class Slowloris:
+    """`count` connections that each send a request line, then one header line every `every_s`,
+    never finishing the request. `open_count()` says how many the server still keeps."""
+
+    def __init__(self, host: str, port: int, count: int, every_s: float = 5.0) -> None:
+        raise_fd_limit(count + 256)
+        self.socks: list[socket.socket] = []
+        for _ in range(count):
+            s = socket.create_connection((host, port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            self.socks.append(s)
+        self._stop = threading.Event()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._trickle, daemon=True)
+        self._thread.start()
+
+    def _trickle(self) -> None:
+        while not self._stop.wait(self._every):
+            for s in self.socks:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+
+    def open_count(self) -> int:
+        alive = 0
+        for s in self.socks:
+            s.setblocking(False)
+            try:
+                alive += s.recv(1, socket.MSG_PEEK) != b""
+            except BlockingIOError:
+                alive += 1
+            except OSError:
+                pass
+        return alive
+
+    def close(self) -> None:
+        self._stop.set()
+        for s in self.socks:
+            s.close()
+
+
+@contextmanager
+def slowloris(host: str, port: int, count: int, every_s: float = 5.0) -> Iterator[Slowloris]:
+    s = Slowloris(host, port, count, every_s)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def hang_up_mid_request(host: str, port: int) -> None:
+    """Half a request, then a reset (SO_LINGER 0): the rudest way to leave."""
+    s = socket.create_connection((host, port))
+    s.sendall(b"GET /metr")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def scrape_latencies(
+    host: str, port: int, n: int, pause_s: float = 0.0, source: str = ""
+) -> tuple[list[float], dict[int, int]]:
+    """`n` scrapes of /metrics on fresh connections: (seconds each, count by status)."""
+    lat: list[float] = []
+    codes: dict[int, int] = {}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c = http.client.HTTPConnection(host, port, timeout=10, source_address=(source, 0) if source else None)
+        try:
+            c.request("GET", "/metrics")
+            r = c.getresponse()
+            r.read()
+            codes[r.status] = codes.get(r.status, 0) + 1
+        except OSError:
+            codes[0] = codes.get(0, 0) + 1
+        finally:
+            c.close()
+        lat.append(time.perf_counter() - t0)
+        if pause_s:
+            time.sleep(pause_s)
+    return lat, codes
+
+
+def keepalive_latencies(host: str, port: int, n: int) -> list[float]:
+    """`n` requests sent back to back on one keep-alive connection: seconds each."""
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    out = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.request("GET", "/metrics")
+            c.getresponse().read()
+            out.append(time.perf_counter() - t0)
+    finally:
+        c.close()
+    return out
+
+
+def p99(values: list[float]) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(0.99 * (len(s) - 1)))]
