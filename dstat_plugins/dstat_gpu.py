@@ -82,11 +82,39 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         return True
 
     def _daemon_state(self):
-        import urllib.request
+        """GET /api/v1/state within one second in all: a server that trickles its answer a byte
+        at a time is given up on, as one that does not answer (a timeout per read would not)."""
+        import socket
+        import time
+        from urllib.parse import urlsplit
 
+        deadline = time.monotonic() + 1.0
         try:
-            with urllib.request.urlopen(self.url + "/api/v1/state", timeout=1.0) as r:
-                return _json.loads(r.read().decode())
+            url = urlsplit(self.url)
+            host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
+            sock = socket.create_connection((host, port), timeout=1.0)
+            if url.scheme == "https":
+                import ssl
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            request = "GET %s/api/v1/state HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n" % (
+                url.path.rstrip("/"), url.netloc)
+            data = b""
+            with sock:
+                sock.sendall(request.encode())
+                while len(data) < 16 * 1024 * 1024:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    sock.settimeout(left)
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.") or head.split(b" ", 2)[1:2] != [b"200"]:
+                return None
+            return _json.loads(body.decode())
         except Exception:
             return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,32 +311,48 @@ class TruthReport:
         )
 
 
-def compare_truth(a: Analysis, truth_path: str) -> TruthReport:
+TruthWindow = tuple[float, float, str, str]
+"""(start_unix_s, end_unix_s, expected state, pipeline) from `gpumon bench --truth`."""
+
+
+def read_truth(truth_path: str) -> list[TruthWindow]:
+    """The ground-truth file, checked whole before any analysis runs: a missing, binary or
+    garbled file is one line naming the file and line (exit 4)."""
+    from gpumon.errors import TraceError
+
+    windows = []
+    try:
+        with open(truth_path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise TraceError(truth_path, None, "a directory, not a truth file") from None
+    except OSError as e:
+        raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            w = json.loads(raw.decode("utf-8"))
+            start, end = float(w["start_unix_s"]), float(w["end_unix_s"])
+            if not (math.isfinite(start) and math.isfinite(end)):
+                raise ValueError
+            windows.append((start, end, str(w["expected"]), str(w.get("pipeline", ""))))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+            raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
+    if not windows:
+        raise TraceError(truth_path, None, "no truth records (written by gpumon bench --truth)")
+    return windows
+
+
+def compare_truth(a: Analysis, truth: str | list[TruthWindow]) -> TruthReport:
     """Judge each decisive truth window by the verdicts inside it (their majority, once settled)."""
     from gpumon.errors import TraceError
 
     started = a.trace.header.get("started_unix_s")
     if not isinstance(started, (int, float)):
         raise TraceError(a.trace.path, 1, "the header has no started_unix_s: cannot line up --truth")
-    windows = []
-    try:
-        with open(truth_path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        w = json.loads(line)
-                        windows.append(
-                            (
-                                float(w["start_unix_s"]) - started,
-                                float(w["end_unix_s"]) - started,
-                                str(w["expected"]),
-                                str(w.get("pipeline", "")),
-                            )
-                        )
-                    except (ValueError, KeyError, TypeError):
-                        raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
-    except OSError as e:
-        raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
+    records = read_truth(truth) if isinstance(truth, str) else truth
+    windows = [(s - started, e - started, expected, pipeline) for s, e, expected, pipeline in records]
     settle = a.thresholds.window_s + a.thresholds.confirm_s
     verdicts = [v for g in a.gpus for v in g.verdicts]
     first = min((v.t_s for v in verdicts), default=0.0)

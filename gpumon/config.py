@@ -241,6 +241,17 @@ class Config:
             unit="s",
         ),
     )
+    nvml_stale_s: float = setting(
+        60.0,
+        Spec(
+            "NVML without fresh data this long: /healthz fails; if it had given data (a hang, a lost "
+            "driver), the systemd watchdog pings stop too, so the service is restarted",
+            env="GPUMON_NVML_STALE",
+            minimum=1.0,
+            maximum=86400.0,
+            unit="s",
+        ),
+    )
     max_connections: int = setting(
         4096,
         Spec(
@@ -398,6 +409,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a gpumon config file: nested too deeply") from None
 
 
 def parse_threshold(key: str, value: Any) -> tuple[str, float | int]:

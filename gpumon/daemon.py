@@ -54,12 +54,6 @@ def source_spec(cfg: Config) -> SourceSpec:
     )
 
 
-NVML_STALE_S = 60.0
-"""NVML gave no fresh data (a GPU answering, or a count of none) for this long, after it had:
-/healthz fails and the systemd watchdog pings stop, so the service is restarted."""
-NO_DRIVER_GRACE_S = 60.0
-"""No NVIDIA driver since start for this long: /healthz fails (the daemon keeps retrying, and
-keeps pinging the watchdog: a restart would not bring a driver)."""
 FIRST_TICK_S = 0.1
 """The first sample comes this soon after start (later ones on the interval's grid)."""
 
@@ -168,19 +162,25 @@ class Daemon:
             self._ready.set()
 
     def nvml_trouble(self, now: float) -> tuple[str | None, str]:
-        """("stale", why) when NVML stopped giving data after it had (restart: the watchdog stops);
-        ("absent", why) when it never has since start, past the grace period; (None, "")."""
+        """Fresh NVML data means a successful reading with a GPU answering (or none installed).
+
+        ("stale", why): none for `nvml_stale_s` after there had been some, or a driver-wide call
+        hangs: /healthz fails and the watchdog pings stop, so systemd restarts the service (a new
+        process is the only way out of a hung driver call).
+        ("absent", why): none since start, for `nvml_stale_s`: /healthz fails, but the pings go
+        on (the daemon retries the driver with backoff; a restart would not bring one)."""
         if self.pipeline.spec.kind != "nvml":
             return None, ""
+        limit = self.cfg.nvml_stale_s
+        stats = self.sampler.stats.get(self.sources.gpu.name)
+        why = (stats.last_error if stats is not None else None) or "no GPU answered"
         if self._nvml_fresh_t is not None:
             age = now - self._nvml_fresh_t
-            if age >= NVML_STALE_S:
-                return "stale", f"no fresh NVML data for {age:.0f} s (limit {NVML_STALE_S:g} s)"
+            if age >= limit:
+                return "stale", f"no fresh NVML data for {age:.0f} s (limit {limit:g} s): {why}"
             return None, ""
-        if now - self._started_t >= NO_DRIVER_GRACE_S:
-            problems = [p for p in self.pipeline.problems.active() if p.startswith(("nvml", "source nvml"))]
-            why = problems[0] if problems else "no GPU has answered"
-            return "absent", f"no NVML data since start ({why})"
+        if now - self._started_t >= limit:
+            return "absent", f"no NVML data since start: {why}"
         return None, ""
 
     def render_metrics(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str, str | None]:

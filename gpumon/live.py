@@ -5,46 +5,49 @@ replays a trace through the sampler on a virtual clock), so live and offline ver
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from typing import TypeVar
 
 from gpumon.detector.config import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detector.evidence import GpuWindow
 from gpumon.detector.tracker import FleetDetector, Verdict
-from gpumon.model import Tick
+from gpumon.model import HostSample, Tick
 from gpumon.sampler import Sampler
 
 T = TypeVar("T")
 
 
-def _recent(items: Iterable[T], since: float, t_of: Callable[[T], float]) -> tuple[T, ...]:
-    """The items newer than `since`, oldest first, reading a deque from its newest end."""
-    out: list[T] = []
-    for item in reversed(items):  # type: ignore[call-overload]
-        if t_of(item) <= since:
+def _recent(items: Sequence[T], since: float) -> tuple[T, ...]:
+    """The items newer than `since`, oldest first, reading a deque of NamedTuples whose first
+    field is their time from its newest end (so a tick costs the window, not the history)."""
+    out = []
+    for item in reversed(items):
+        if item[0] <= since:  # type: ignore[index]
             break
         out.append(item)
     out.reverse()
     return tuple(out)
 
 
+def _recent_hosts(hosts: Sequence[HostSample], since: float) -> tuple[HostSample, ...]:
+    out = []
+    for h in reversed(hosts):
+        if h.t_s <= since:
+            break
+        out.append(h)
+    out.reverse()
+    return tuple(out)
+
+
 def windows_for(sampler: Sampler, tick: Tick, th: Thresholds) -> list[GpuWindow]:
     t = tick.t_s
-    hosts = _recent(sampler.host_history, t - th.host_window_s, lambda h: h.t_s)
+    hosts = _recent_hosts(sampler.host_history, t - th.host_window_s)
+    since = t - th.window_s
     out = []
     for g in tick.gpus:
         hist = sampler.history.get((g.index, g.uuid))
-        if hist is None:
-            continue
-        out.append(
-            GpuWindow(
-                t_s=t,
-                gpu=g,
-                samples=_recent(hist.samples, t - th.window_s, lambda s: s.t_s),
-                points=_recent(hist.points, t - th.window_s, lambda p: p.t_s),
-                hosts=hosts,
-            )
-        )
+        if hist is not None:
+            out.append(GpuWindow(t, g, _recent(hist.samples, since), _recent(hist.points, since), hosts))
     return out
 
 

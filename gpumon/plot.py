@@ -22,17 +22,23 @@ STATE_COLORS = {
 MAX_GPUS_PLOTTED = 16
 
 
-def plot(a: Analysis, path: str) -> None:
-    try:
-        import matplotlib
+def require_matplotlib() -> None:
+    """Fail before any work when --plot cannot be drawn."""
+    import importlib.util
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         raise MissingDependency(
             "--plot needs matplotlib: pip install 'gpumon-datastall[plot]' (or matplotlib)"
-        ) from None
+        )
+
+
+def plot(a: Analysis, path: str) -> None:
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     gpus = a.gpus[:MAX_GPUS_PLOTTED]
     rows = len(gpus) + 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpumon.clock import Clock
+from gpumon.errors import GpumonError
 from gpumon.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.problems import Problems
 
@@ -53,6 +54,8 @@ class SourceStats:
     failures: int = 0
     last_success: bool = True
     last_duration_s: float = 0.0
+    last_error: str | None = None
+    """Why the last reading failed (None after a success)."""
 
 
 class GpuHistory:
@@ -110,10 +113,14 @@ class Sampler:
             result = fn(*args)
             ok = True
         except Exception as e:  # isolation: one failing source never stops the others
-            self.problems.note(f"{name}:failed", f"source {name} failed: {type(e).__name__}: {e}")
+            why = str(e) if isinstance(e, GpumonError) else f"{type(e).__name__}: {e}"
+            self.problems.note(f"{name}:failed", f"source {name} failed: {why}")
+            stats.last_error = why
             result, ok = None, False
         stats.runs += 1
         stats.last_success = ok
+        if ok:
+            stats.last_error = None
         stats.failures += 0 if ok else 1
         stats.last_duration_s = max(self.process_time() - cpu0, self.clock.now() - start)
         if ok and self.problems.any_active:
@@ -180,6 +187,7 @@ class Sampler:
         exhausted: Callable[[], bool] | None = None,
         *,
         until_s: float | None = None,
+        next_data: Callable[[], float | None] | None = None,
     ) -> None:
         """Tick every interval until `duration_s` has passed (or the clock reaches `until_s`),
         `stop` is set or the source ends.
@@ -187,6 +195,8 @@ class Sampler:
         The first tick comes one interval after the start, so rates have a baseline to compare.
         The schedule lives on the sampler, not in this call: a fresh thread that takes over from
         one stuck in a source (gpumon.pipeline.supervisor) carries on with the same grid and end.
+        `next_data` (a replay): when the source has data again; the ticks before it, which would
+        have nothing to read, are passed over (not counted as skipped).
         """
         if until_s is None:
             until_s = self.until(duration_s)
@@ -215,6 +225,9 @@ class Sampler:
             self.tick()
             if exhausted is not None and exhausted():
                 return
+            due = next_data() if next_data is not None else None
+            if due is not None:
+                self._k = max(self._k, math.ceil((due - start) / self.interval_s - 1e-9))
 
     def _prime(self) -> None:
         """A baseline reading for sources that report rates (host CPU, disk)."""

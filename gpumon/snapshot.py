@@ -103,7 +103,12 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
         },
         "gpus": gpus,
         "sources": {
-            name: {"up": st.last_success, "failures": st.failures, "duration_s": round(st.last_duration_s, 6)}
+            name: {
+                "up": st.last_success,
+                "failures": st.failures,
+                "duration_s": round(st.last_duration_s, 6),
+                "error": st.last_error,
+            }
             for name, st in s.sources.items()
         },
         "problems": list(s.problems),

@@ -24,6 +24,14 @@ from gpumon.model import GpuProcess, GpuSample, HostSample, ProcessCpu, Tick, Ut
 FORMAT = "gpumon-trace"
 VERSION = 1
 FSYNC_EVERY_S = 5.0
+MAX_GAP_S = 7 * 86400.0
+"""The largest step between two ticks a reader accepts: a recorder suspended for a week is still
+read; a `t_s` of 1e12 (an edited or corrupt line, two recordings joined) is refused, naming the
+line. Gaps up to this are skipped in time proportional to the data, not to the gap."""
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""No tick of a real fleet comes near this (~0.7 KB per GPU): a longer line is refused."""
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.05, 3600.0
+"""The header's interval_s must lie here, as `record --interval` must (gpumon.config)."""
 
 _GPU_FLOATS = (
     "util_ratio",
@@ -118,6 +126,8 @@ class TraceWriter:
     ) -> None:
         self.path = path
         self.ticks = 0
+        self.failed = False
+        """A write failed (disk full): close() then only releases the file."""
         self._fsync_every_s = fsync_every_s
         self._last_fsync = time.monotonic()
         try:
@@ -140,6 +150,7 @@ class TraceWriter:
                 os.fsync(self._f.fileno())
                 self._last_fsync = now
         except OSError as e:
+            self.failed = True
             raise OutputError(
                 f"{self.path}: cannot write: {e.strerror}; the {self.ticks} ticks before are kept"
             ) from None
@@ -149,13 +160,25 @@ class TraceWriter:
         self.ticks += 1
 
     def close(self, t_s: float | None, reason: str) -> None:
+        """Write the end record and close. After a failed write, only release the file: the
+        error the user sees is that first one (exit 5), not a second from here."""
         if self._f.closed:
             return
         try:
-            self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
-            os.fsync(self._f.fileno())
+            if not self.failed:
+                self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
+                try:
+                    os.fsync(self._f.fileno())
+                except OSError as e:
+                    self.failed = True
+                    raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
         finally:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError as e:
+                if not self.failed:
+                    self.failed = True
+                    raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -182,6 +205,23 @@ class _Bad(Exception):
     """A field-level problem; the reader adds the file and line."""
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (RFC 8259); Python's parser takes them unless told."""
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number that does not fit a double (1e999) would become infinity: refused too."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
 def _num(d: dict[str, Any], key: str, *, optional: bool = True, integer: bool = False) -> Any:
     value = d.get(key)
     if value is None:
@@ -191,6 +231,8 @@ def _num(d: dict[str, Any], key: str, *, optional: bool = True, integer: bool = 
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or (isinstance(value, float) and not math.isfinite(value)):
         raise _Bad(f"field {key!r} must be a {'whole number' if integer else 'number'}, got {value!r}")
+    if abs(value) > 1e18:  # beyond any counter, byte count or time a GPU produces
+        raise _Bad(f"field {key!r} is out of range: {value!r}")
     return int(value) if integer else float(value)
 
 
@@ -219,7 +261,12 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)
         ):
             raise _Bad(f"util_history entries must be [t_s, util_ratio], got {p!r}")
-        history.append(UtilPoint(float(p[0]), float(p[1])))
+        if any(abs(x) > 1e18 for x in p):
+            raise _Bad(f"util_history entry out of range: {p!r}")
+        t, u = float(p[0]), float(p[1])
+        if not (math.isfinite(t) and math.isfinite(u)) or not -1e-9 <= u <= 1 + 1e-9:
+            raise _Bad(f"util_history entries must be finite, with util_ratio between 0 and 1; got {p!r}")
+        history.append(UtilPoint(t, u))
     procs = []
     for p in _list(d, "processes"):
         if not isinstance(p, dict):
@@ -331,12 +378,18 @@ class _Reader:
 
     def parse(self, lineno: int, raw: bytes) -> Iterator[dict[str, Any] | Tick]:
         path = self.path
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(path, lineno, f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES} are read)")
         try:
-            record = json.loads(raw)
+            record = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
         except UnicodeDecodeError:
             raise TraceError(path, lineno, "not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise TraceError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except _NonFinite as e:
+            raise TraceError(path, lineno, f"not valid JSON: {e} is not a number JSON allows") from None
+        except RecursionError:
+            raise TraceError(path, lineno, "JSON nested too deeply to be a gpumon record") from None
         if not isinstance(record, dict):
             raise TraceError(path, lineno, "each line must be a JSON object")
         kind = record.get("type")
@@ -350,6 +403,14 @@ class _Reader:
             if self.last_t is not None and tick.t_s < self.last_t:
                 raise TraceError(
                     path, lineno, f"t_s {tick.t_s:g} goes back in time (previous tick was at {self.last_t:g})"
+                )
+            if self.last_t is not None and tick.t_s - self.last_t > MAX_GAP_S:
+                raise TraceError(
+                    path,
+                    lineno,
+                    f"t_s {tick.t_s:g} is {tick.t_s - self.last_t:g} s after the previous tick, more "
+                    f"than the largest gap read ({MAX_GAP_S / 86400:g} days): a corrupt t_s, or two "
+                    "recordings joined",
                 )
             if self.last_t is not None and tick.t_s == self.last_t:
                 self.warnings.append(f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
@@ -374,6 +435,27 @@ class _Reader:
                 lineno,
                 f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon",
             )
+        source = record.get("source", {})
+        if not isinstance(source, dict):
+            raise TraceError(
+                self.path, lineno, f"header field 'source' must be an object, got {type(source).__name__}"
+            )
+        interval = record.get("interval_s")
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S
+        ):
+            raise TraceError(
+                self.path,
+                lineno,
+                f"header field 'interval_s' must be a number from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}, "
+                f"got {interval!r}",
+            )
+        for key in ("started_unix_s",):
+            value = record.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TraceError(self.path, lineno, f"header field {key!r} must be a number, got {value!r}")
         return record
 
 

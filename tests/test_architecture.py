@@ -87,7 +87,7 @@ def test_imports_point_one_way() -> None:
         ),
         "gpumon.sim": ("gpumon.sim", "gpumon.clock", "gpumon.errors", "gpumon.model"),
         "gpumon.detector": ("gpumon.detector", "gpumon.model"),
-        "gpumon.sampler": ("gpumon.model", "gpumon.problems", "gpumon.clock"),
+        "gpumon.sampler": ("gpumon.model", "gpumon.problems", "gpumon.clock", "gpumon.errors"),
         "gpumon.guard": (),
         "gpumon.problems": (),
     }

@@ -14,7 +14,7 @@ import pytest
 
 from gpumon.cli import main
 from gpumon.cli import serve as serve_cmd
-from gpumon.cli.main import build_parser
+from gpumon.cli.app import build_parser
 from gpumon.config import SETTINGS, load
 
 from .conftest import ROOT, free_port, gpumon, start_serve

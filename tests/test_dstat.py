@@ -12,12 +12,14 @@ import os
 import pty
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -248,3 +250,46 @@ def test_a_starved_gpu_stands_out_in_red_on_a_terminal(home: Path, stub_daemon: 
     assert starved and all(red_bg in text[max(0, i - 20) : i] for i in starved)
     healthy = [m.start() for m in re.finditer("ok   ", text)]
     assert healthy and not any(red_bg in text[max(0, i - 8) : i] for i in healthy)
+
+
+@pytest.fixture
+def trickling_server() -> Iterator[str]:
+    """A server that answers one byte every half second: never silent long enough to time out a read."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        conn.recv(4096)
+        for byte in b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + b'{"ready": true}' * 100:
+            if stop.wait(0.5):
+                break
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+        conn.close()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    srv.close()
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_a_trickling_server_is_given_up_on_within_the_timeout(
+    home: Path, which: str, trickling_server: str
+) -> None:
+    start = time.monotonic()
+    p = run(which, ["--gpu", "1", "1"], home, {"GPUMON_URL": trickling_server}, timeout=30)
+    assert time.monotonic() - start < 10, "it waited on the trickle"
+    assert p.returncode == 8 and "no GPU data" in p.stderr

@@ -203,23 +203,31 @@ def test_a_driver_absent_at_start_is_picked_up_when_it_appears(library: Path, tm
     config = driver.simulated_config(tmp_path, "healthy")
     later = tmp_path / "appears-later.conf"
     code = textwrap.dedent(f"""
-        import pathlib, shutil, pynvml
+        import logging, pathlib, shutil, pynvml
+        from gpumon.errors import NoDriverError
+        from gpumon.problems import Problems
         from gpumon.sources.nvml import NvmlSource
-        src = NvmlSource(pynvml, retry_init=True)
+        logging.basicConfig()
+        problems = Problems(logging.getLogger("t"))
+        src = NvmlSource(pynvml, problems, retry_init=True)
         src.open()  # no driver yet: not an error in this mode
         seen = []
         for t in range(40):
             if t == 5:
                 shutil.copy({str(config)!r}, {str(later)!r})  # the driver is installed
-            seen.append(len(src.poll(float(t))))
+            try:
+                seen.append(len(src.poll(float(t))))
+            except NoDriverError as e:  # the source is down meanwhile, and says why
+                problems.note("nvml:failed", str(e))
+                seen.append(-1)
         print(seen)
     """)
     p = run([sys.executable, "-c", code], driver.environment(later))
     assert p.returncode == 0, p.stderr
     seen = json.loads(p.stdout)
     first = seen.index(1)
-    assert seen[:5] == [0] * 5 and 5 < first <= 5 + 8, seen  # backoff 1, 2, 4, 8 s
-    assert all(n == 1 for n in seen[first:])
+    assert seen[:5] == [-1] * 5 and 5 < first <= 5 + 8, seen  # backoff 1, 2, 4, 8 s
+    assert all(n == -1 for n in seen[:first]) and all(n == 1 for n in seen[first:])
     assert p.stderr.count("retrying with backoff") == 1
 
 

@@ -93,3 +93,24 @@ def test_a_call_returning_just_as_it_is_abandoned_leaves_nothing_marked() -> Non
     ident = threading.get_ident()
     guard.leave()  # it returned first: abandoning now finds nothing
     assert guard.abandon(ident) is False and marks == []
+
+
+def test_a_gpu_hung_for_hours_costs_no_memory_per_tick() -> None:
+    import gc
+    import tracemalloc
+
+    fake, _, src, sup = setup()
+    fake.blocked = {1}
+    sup.call(lambda: src.poll(0.0))  # abandoned once: GPU 1 is stuck from now on
+    for t in range(200):  # warm up: caches, the first problems noted
+        src.poll(float(t))
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for t in range(200, 5200):  # 5,000 ticks with the call still hanging
+        src.poll(float(t))
+    gc.collect()  # the exceptions NVML raises form reference cycles: the collector's, not a leak
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    fake.release.set()
+    assert grown < 20_000, f"{grown} bytes for 5,000 ticks: the hang must not grow memory"

@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -499,3 +500,57 @@ def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_rec
     assert sum("gpu 1: unavailable" in m and "logged once" in m for m in logged) == 2, logged
     assert sum(m.startswith("recovered after 3 failures: gpu 1: unavailable") for m in logged) == 1, logged
     assert counter() == 4
+
+
+# -- lifecycle edges: early signals, a dying sampler, exit codes -----------------------------------
+
+
+def test_sighup_during_startup_is_a_reload_not_a_death(tmp_path: Path) -> None:
+    # from gpumon's first line on (Python's own start-up, some 30 ms, is before anything can act)
+    for delay in (0.1, 0.25, 0.5):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpumon", "serve", "--simulate", "healthy", "--listen", "127.0.0.1:0"],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert proc.poll() is None, f"SIGHUP {delay} s after start killed it (exit {proc.returncode})"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_sampler_that_dies_ends_the_process_with_a_failure(tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        from gpumon.config import Config
+        from gpumon.daemon import Daemon, run_forever
+        d = Daemon(Config(simulate="healthy", listen="127.0.0.1:0"))
+        calls = [0]
+        def bug(tick, verdicts):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("a bug in a sink")
+        d.pipeline.on_verdicts(bug)
+        raise SystemExit(run_forever(d))
+    """)
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert p.returncode == 1, (p.returncode, p.stderr)  # systemd's Restart=on-failure restarts it
+    assert "the sampler stopped" in p.stderr
+
+
+def test_the_readme_exit_code_table_matches_sigterm() -> None:
+    text = (ROOT / "README.md").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 130 |"))
+    assert "record" in row and "serve" in row and "exits 0" in row, row

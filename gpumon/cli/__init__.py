@@ -1,5 +1,5 @@
 """The `gpumon` command line: one module per command (gpumon/cli/*.py), beside the flags they
-share (flags.py); main.py parses and maps errors to exit codes.
+share (flags.py); app.py parses and maps errors to exit codes.
 
 This file stays small on purpose: `gpumon serve` must hold its signals (so that a SIGHUP during
 start-up is a reload, not a death) before the rest of gpumon is even imported.
@@ -33,6 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and command_of(args) == "serve":
         # The daemon takes these with sigwait (gpumon.daemon.run_forever); threads inherit it.
         signal.pthread_sigmask(signal.SIG_BLOCK, _DAEMON_SIGNALS)
-    from gpumon.cli.main import main as run
+    from gpumon.cli.app import main as run
 
     return run(args)

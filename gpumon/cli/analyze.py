@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_OK, UsageError
+from gpumon.errors import EXIT_OK
 
 
 def add_parser(
@@ -20,7 +21,7 @@ def add_parser(
     s.add_argument(
         "--json", action="store_true", help="per-window verdicts and episodes as JSON (docs/detector.md)"
     )
-    s.add_argument("--plot", metavar="FILE.png", help="also draw a timeline to this PNG file")
+    s.add_argument("--plot", metavar="FILE.png", type=_png_path, help="also draw a timeline to this PNG file")
     s.add_argument(
         "--truth",
         metavar="FILE",
@@ -31,21 +32,20 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.analysis import analyze, render_text, to_json
+    from gpumon.analysis import analyze, compare_truth, read_truth, render_text, to_json
 
     th = flags.thresholds(args)
+    windows = read_truth(args.truth) if args.truth else None  # a bad file fails before the work
+    if args.plot:
+        from gpumon.plot import require_matplotlib
+
+        require_matplotlib()
     result = analyze(args.trace, th)
-    if not result.trace.ticks:
-        raise UsageError(f"{args.trace}: the trace holds no ticks to analyze")
     if args.plot:
         from gpumon.plot import plot
 
         plot(result, args.plot)
-    truth = None
-    if args.truth:
-        from gpumon.analysis import compare_truth
-
-        truth = compare_truth(result, args.truth)
+    truth = compare_truth(result, windows) if windows is not None else None
     if args.json:
         doc = to_json(result)
         if truth is not None:
@@ -59,3 +59,16 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return EXIT_OK
+
+
+def _png_path(text: str) -> str:
+    """--plot names the PNG file to write, exactly (matplotlib would add .png to a name without
+    one, and write into a name that is a directory's)."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory: name the .png file to write")
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"must name a .png file, got {text!r}")
+    parent = os.path.dirname(text) or "."
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{parent}: no such directory")
+    return text

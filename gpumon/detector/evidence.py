@@ -6,7 +6,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gpumon.detector.config import Thresholds
@@ -64,7 +64,11 @@ class Evidence:
     disk_read_bytes_per_s: float | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        out: dict[str, Any] = {}
+        for k in _EVIDENCE_FIELDS:  # not dataclasses.asdict: it deep-copies, on every tick
+            v = getattr(self, k)
+            out[k] = round(v, 4) if isinstance(v, float) else v
+        return out
 
     @property
     def busiest_job_core(self) -> float | None:
@@ -97,6 +101,9 @@ def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
             current, length = f, 1
     (gaps if current else bursts).append(length)
     return gaps, bursts
+
+
+_EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -174,7 +181,8 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
             mean_gap = _mean([n * period for n in gaps])
             if len(gaps) >= 2:
                 lengths = [n * period for n in gaps]
-                gap_cv = statistics.pstdev(lengths) / statistics.fmean(lengths)
+                mean = sum(lengths) / len(lengths)  # plain floats: statistics.pstdev works in Fractions
+                gap_cv = math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean
 
     ratios = [
         s.power_w / s.power_limit_w for s in window.samples if s.power_w is not None and s.power_limit_w

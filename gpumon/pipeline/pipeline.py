@@ -115,7 +115,9 @@ class Pipeline:
         until = self.sampler.until(duration_s)  # once: a thread that takes over keeps the same end
 
         def loop() -> None:
-            self.sampler.run(stop=stop, exhausted=self.sources.exhausted, until_s=until)
+            self.sampler.run(
+                stop=stop, exhausted=self.sources.exhausted, until_s=until, next_data=self.sources.next_data
+            )
 
         self._call(loop, stop)
 

@@ -30,6 +30,9 @@ class OpenedSources:
     """Set when the GPU source can hang (real NVML): the pipeline then runs its loop supervised."""
     start: Callable[[], None] | None = None
     """What opens the GPU source, when the pipeline must do it under supervision (nvmlInit)."""
+    next_data: Callable[[], float | None] | None = None
+    """For a replay: when its next data falls due, so the sampler skips a gap in time proportional
+    to the data, not to the gap."""
 
 
 def open_sources(
@@ -87,15 +90,22 @@ def _replay(spec: SourceSpec) -> OpenedSources:
 
 
 def replayed(trace: Trace) -> OpenedSources:
-    """A trace already read, played back (also what `analyze` runs the detector over)."""
+    """A trace already read, played back (also what `analyze` runs the detector over). A trace
+    with no ticks is refused here, the one rule for `analyze` and every replay."""
+    from gpumon.errors import TraceError
     from gpumon.sources.replay import ReplayHost, ReplaySource
 
+    if not trace.ticks:
+        raise TraceError(
+            trace.path, None, "the trace holds no ticks (a header only): nothing to analyze or replay"
+        )
     replay = ReplaySource(trace)
     return OpenedSources(
         gpu=replay,
         host=ReplayHost(replay),
         description={"kind": "replay", "file": trace.path, "recorded_from": trace.header.get("source", {})},
         exhausted=lambda: replay.exhausted,
+        next_data=replay.next_data_s,
     )
 
 

@@ -13,6 +13,7 @@ are left out; Linux iowait is unreliable on many cores (proc(5)), so disk read b
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,39 @@ class _Tree:
     """Per child found by the last scan: whether it existed before the previous tick."""
 
 
+DISKSTATS = "/proc/diskstats"
+
+
+class DiskStats:
+    """Bytes read from whole disks, from /proc/diskstats (as psutil counts them: a partition's
+    reads are its disk's too, so only names under /sys/block are summed). Which names are whole
+    disks is looked up once a minute, not on every read."""
+
+    RECHECK_S = 60.0
+
+    def __init__(self, path: str, sys_block: str = "/sys/block") -> None:
+        self._path = path
+        self._sys_block = sys_block
+        self._disks: frozenset[str] = frozenset()
+        self._checked = -float("inf")
+
+    def read_bytes(self) -> int:
+        with open(self._path, "rb") as f:
+            lines = f.read().split(b"\n")
+        now = time.monotonic()
+        if now - self._checked >= self.RECHECK_S:
+            self._disks = (
+                frozenset(os.listdir(self._sys_block)) if os.path.isdir(self._sys_block) else frozenset()
+            )
+            self._checked = now
+        total = 0
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 6 and fields[2].decode() in self._disks:
+                total += int(fields[5]) * 512  # sectors read; a sector is 512 bytes here, whatever the disk
+        return total
+
+
 def _cpu_s(proc: Any) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system)
@@ -129,8 +163,15 @@ class HostSource:
         self._prev_cpu: list[Any] | None = None
         self._prev_disk: int | None = None
         self._trees: dict[int, _Tree] = {}
+        self._unseen: dict[int, float] = {}
+        """GPU processes this host cannot see (another PID namespace), by when that was found:
+        looked up again only every `children_rescan_s`, not every tick."""
         self._prev_wall: float | None = None
         self._wall = time.time
+        # On Linux, /proc/diskstats read directly: psutil's disk_io_counters checks /sys for every
+        # disk on every call, a quarter of what the host side costs per tick.
+        real = getattr(psutil, "__name__", "") == "psutil" and os.path.exists(DISKSTATS)
+        self._diskstats = DiskStats(DISKSTATS) if real else None
         self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
     def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
@@ -157,27 +198,38 @@ class HostSource:
 
     def _read_disk(self) -> int | None:
         try:
-            io = self._ps.disk_io_counters()
+            if self._diskstats is not None:
+                value: int | None = self._diskstats.read_bytes()
+            else:
+                io = self._ps.disk_io_counters()
+                value = None if io is None else int(io.read_bytes)
         except Exception as e:  # containers without /proc/diskstats
             self._problems.note("host:disk", f"host disk counters: {e}")
             return None
         if self._problems.any_active:
             self._problems.clear("host:disk")
-        return None if io is None else int(io.read_bytes)
+        return value
 
     def _processes(self, pids: list[int], t_s: float) -> tuple[ProcessCpu, ...]:
         dt = t_s - self._prev_t if self._prev_t is not None else 0.0
         out = []
         for pid in pids:
+            unseen = self._unseen.get(pid)
+            if unseen is not None and t_s - unseen < self._rescan_s:
+                continue
             try:
                 out_one = self._process(pid, t_s, dt)
             except self._gone:
                 self._trees.pop(pid, None)
+                self._unseen[pid] = t_s
                 continue
+            self._unseen.pop(pid, None)
             if out_one is not None:
                 out.append(out_one)
         for pid in set(self._trees) - set(pids):  # no longer on any GPU
             del self._trees[pid]
+        for pid in set(self._unseen) - set(pids):
+            del self._unseen[pid]
         return tuple(out)
 
     def _process(self, pid: int, t_s: float, dt: float) -> ProcessCpu | None:

@@ -83,8 +83,12 @@ class SampleClockAligner:
             self._offset_s += self._leak_s
 
     def to_sampler_time(self, ts_us: int) -> float:
+        return ts_us / 1e6 + self.offset_s
+
+    @property
+    def offset_s(self) -> float:
         assert self._offset_s is not None, "observe() first"
-        return ts_us / 1e6 + self._offset_s
+        return self._offset_s
 
 
 @dataclass
@@ -137,6 +141,7 @@ class NvmlSource:
         self._init_backoff_s = 1.0
         self._guard = guard
         self._driver_stuck_since: float | None = None
+        self._init_error = "NVML not initialised yet"
         if guard is not None:
             guard.on_hang = self._hung
             guard.on_return = self._returned
@@ -147,7 +152,9 @@ class NvmlSource:
         """Initialise NVML; raise NoDriverError with a one-line hint when there is no driver.
 
         With `retry_init`, a missing driver is not an error: `poll` retries with backoff."""
-        self._check_driver_not_stuck("nvmlInit")
+        if self._driver_stuck_since is not None:
+            self._no_driver("an earlier driver-wide NVML call (nvmlInit) has not returned")
+            return
         try:
             self._enter(_DRIVER)
             try:
@@ -167,7 +174,7 @@ class NvmlSource:
     def _no_driver(self, message: str) -> None:
         if not self._retry_init:
             raise NoDriverError(message)
-        self._problems.note("nvml:driver", f"nvml: {message}; retrying with backoff")
+        self._init_error = message  # poll reports it as the source's failure (source down)
 
     @property
     def is_open(self) -> bool:
@@ -233,13 +240,16 @@ class NvmlSource:
 
     def poll(self, t_s: float) -> list[GpuSample]:
         if not self._open:
-            if not self._retry_init or t_s < self._next_init_t:
+            if not self._retry_init:
                 return []
-            self.open()
+            if t_s >= self._next_init_t:
+                self.open()
             if not self._open:
-                self._next_init_t = t_s + self._init_backoff_s
-                self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
-                return []
+                if t_s >= self._next_init_t:
+                    self._next_init_t = t_s + self._init_backoff_s
+                    self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
+                # a missing driver is the source failing (gpumon_source_up 0), not "0 GPUs, all fine"
+                raise NoDriverError(f"{self._init_error}; retrying with backoff (up to 60 s)")
         samples: list[GpuSample] = []
         for index in range(self._count()):
             state = self._gpus.get(index)
@@ -401,18 +411,19 @@ class NvmlSource:
             )
             return ()
         # Only samples strictly newer than the last seen, oldest first (drivers differ in order).
-        fresh = sorted((s for s in raw if s.timeStamp > state.last_seen_ts_us), key=lambda s: s.timeStamp)
+        # Each struct field is read once: pynvml's structures make every attribute access costly.
+        value_field = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+        last = state.last_seen_ts_us
+        pairs = [(s.timeStamp, getattr(s.sampleValue, value_field)) for s in raw]
+        fresh = sorted(p for p in pairs if p[0] > last)
         if not fresh:
             return ()
-        value_field = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
-        state.aligner.observe(t_s, fresh[-1].timeStamp)
-        state.last_seen_ts_us = fresh[-1].timeStamp
+        newest = fresh[-1][0]
+        state.aligner.observe(t_s, newest)
+        state.last_seen_ts_us = newest
+        offset = state.aligner.offset_s
         points = [
-            UtilPoint(
-                round(state.aligner.to_sampler_time(s.timeStamp), 6),
-                min(1.0, max(0.0, float(getattr(s.sampleValue, value_field)) / 100.0)),
-            )
-            for s in fresh
+            UtilPoint(round(ts / 1e6 + offset, 6), min(1.0, max(0.0, value / 100.0))) for ts, value in fresh
         ]
         if state.first_poll:
             # The buffer's history from before we started: keep only the last second of it.

@@ -32,6 +32,13 @@ class ReplaySource:
     def exhausted(self) -> bool:
         return self._next >= len(self._ticks)
 
+    def next_data_s(self) -> float | None:
+        """When, on the sampler's clock, the next recorded tick falls due (None: not started, or
+        nothing left). The sampler jumps over a gap in the recording instead of ticking through it."""
+        if self._origin is None or self.exhausted:
+            return None
+        return self._ticks[self._next].t_s - self._t0 + self._origin - self._slack_s
+
     def poll(self, t_s: float) -> list[GpuSample]:
         if self._origin is None:
             self._origin = t_s

@@ -20,6 +20,7 @@
  *   s I T_US PERCENT                             a driver utilization sample
  *   t I T_US MEMUSED POWER_MW TEMP RX_KB TX_KB N [PID MEM]*N   device state from T on
  *   fault no_driver                              nvmlInit fails with DRIVER_NOT_LOADED
+ *   fault init_error CODE                        nvmlInit fails with CODE (4: NO_PERMISSION)
  *   fault lost I FROM_US UNTIL_US                GPU I reports GPU_IS_LOST in [FROM, UNTIL)
  *   fault unsupported FUNCTION                   FUNCTION answers NOT_SUPPORTED
  *   fault block FUNCTION I SECONDS FROM_US       FUNCTION on GPU I (-1: any) sleeps SECONDS once t >= FROM
@@ -80,7 +81,7 @@ typedef struct {
 
 static gpu_t gpus[MAX_GPUS];
 static struct nvmlDevice_st handles[MAX_GPUS];
-static int ngpus, loaded, initialised, fault_no_driver, loop_timeline;
+static int ngpus, loaded, initialised, fault_no_driver, fault_init_error, loop_timeline;
 static unsigned long long epoch_us, util_period_us = 166667, timeline_len;
 static char driver_version[32] = "560.35.03";
 static int cuda_version = 12060;
@@ -158,6 +159,7 @@ static void load_config(void) {
             g->r[g->nr++] = r;
             if (r.t > timeline_len) timeline_len = r.t;
         } else if (strcmp(line, "fault no_driver") == 0) fault_no_driver = 1;
+        else if (sscanf(line, "fault init_error %d", &n) == 1) fault_init_error = n;
         else if (sscanf(line, "fault lost %d %llu %llu", &i, &a, &b) == 3 && i >= 0 && i < MAX_GPUS) {
             gpus[i].lost_from = a; gpus[i].lost_until = b;
         } else if (sscanf(line, "fault unsupported %63s", word) == 1 && nunsupported < 64) {
@@ -210,6 +212,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!loaded || ngpus == 0) { load_config(); loaded = 1; } /* a driver that appears later is found */
     if (fault_no_driver || !getenv("FAKENVML_CONFIG") || ngpus == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (fault_init_error) return fault_init_error;
     if (!epoch_us) epoch_us = realtime_us();
     initialised++;
     return NVML_SUCCESS;
@@ -225,6 +228,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
     case 0: return "Success";
     case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
     case 6: return "Not Found";
     case 7: return "Insufficient Size";
     case 9: return "Driver Not Loaded";
