@@ -53,6 +53,8 @@ class GpuReport:
     episodes: list[Episode] = field(default_factory=list)
     seconds_by_label: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     wasted_gpu_s: float = 0.0
+    jobs: dict[str, str | None] = field(default_factory=dict)
+    """job id -> user, for every job seen on the GPU in the trace."""
 
     @property
     def observed_s(self) -> float:
@@ -120,6 +122,7 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
         if tick.host is not None:
             h = tick.host
             host.append((tick.t_s, h.cpu_ratio, h.iowait_ratio, h.busiest_core_ratio))
+        jobs_of = {(g.index, g.uuid): g.jobs for g in tick.gpus if g.jobs}
         for v in verdicts:
             key = (v.index, v.uuid)
             rep = reports.get(key)
@@ -130,6 +133,8 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
             last_t[key] = v.t_s
             rep.verdicts.append(v)
             rep.seconds_by_label[v.label] += dt
+            for j in jobs_of.get(key, ()):
+                rep.jobs.setdefault(j.job_id, j.user)
 
     pipeline.on_verdicts(collect)
     pipeline.run()
@@ -197,6 +202,8 @@ def render_text(a: Analysis) -> str:
         total = g.observed_s or 1.0
         lines.append("")
         lines.append(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}")
+        if g.jobs:
+            lines.append("  jobs:    " + ", ".join(f"{j} ({u})" if u else j for j, u in g.jobs.items()))
         headline = f"  verdict: {g.main_label.upper()}"
         if g.final_label:
             start = next(e.start_s for e in reversed(g.episodes) if e.label == g.final_label)
@@ -257,6 +264,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
                 "name": g.name,
                 "verdict": g.main_label,
                 "final": g.final_label or g.main_label,
+                "jobs": [{"job_id": j, "user": u} for j, u in g.jobs.items()],
                 "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
                 "wasted_gpu_s": round(g.wasted_gpu_s, 3),
                 "suggestion": g.suggestion,

@@ -231,6 +231,31 @@ class Config:
             check=_check_drive_file,
         ),
     )
+    job_attribution: bool = setting(
+        True,
+        Spec(
+            "name the job holding each GPU (docs/fleet.md): from jobs_dir, dcgm_job_mapping_dir and "
+            "the GPU processes' cgroups",
+            env="GPUMON_JOB_ATTRIBUTION",
+        ),
+    )
+    jobs_dir: str = setting(
+        "/run/gpumon/jobs",
+        Spec(
+            "where gpumon's Slurm prolog writes which job holds which GPU",
+            env="GPUMON_JOBS_DIR",
+            metavar="DIR",
+        ),
+    )
+    dcgm_job_mapping_dir: str | None = setting(
+        None,
+        Spec(
+            "dcgm-exporter's --hpc-job-mapping-dir (files named by GPU index, a job id per line), "
+            "for sites whose prolog already writes it",
+            env="GPUMON_DCGM_JOB_MAPPING_DIR",
+            metavar="DIR",
+        ),
+    )
     nvml_call_timeout_s: float = setting(
         1.0,
         Spec(
@@ -312,12 +337,29 @@ class Setting:
             return f"between {_fmt(s.minimum)} and {_fmt(s.maximum)}{unit}"
         if s.minimum is not None:
             return f">= {_fmt(s.minimum)}{unit}"
+        if self.kind is bool:
+            return "true or false"
         return ""
 
     def parse(self, value: Any) -> Any:
         """A value from TOML (typed) or from a flag or variable (text) -> the setting's type.
         Raises SettingError(reason)."""
         kind, s = self.kind, self.spec
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in (
+                "true",
+                "1",
+                "yes",
+                "on",
+                "false",
+                "0",
+                "no",
+                "off",
+            ):
+                return value.strip().lower() in ("true", "1", "yes", "on")
+            raise SettingError(f"must be true or false, got {value!r}")
         if kind is str:
             if not isinstance(value, str):
                 raise SettingError(f"must be a string, got {value!r}")

@@ -12,9 +12,11 @@ gets the service restarted), RELOADING and STOPPING.
 from __future__ import annotations
 
 import html
+import itertools
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import zlib
@@ -29,10 +31,10 @@ from prometheus_client.exposition import choose_encoder
 from gpumon import __version__
 from gpumon.clock import Clock, MonotonicClock
 from gpumon.config import Config
-from gpumon.detector.tracker import Verdict
+from gpumon.detector.tracker import Episode, StarvationDetector, Verdict
 from gpumon.exporter import GpumonCollector
 from gpumon.model import Tick
-from gpumon.pipeline import Pipeline, SourceSpec, describe_source
+from gpumon.pipeline import AttributionSpec, Pipeline, SourceSpec, describe_source
 from gpumon.pipeline.sources import OpenedSources
 from gpumon.problems import Problems
 from gpumon.sdnotify import Notifier
@@ -63,6 +65,8 @@ def _float_text(value: float) -> str:
     return str(_prom_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
+RECENT_EPISODES = 20
+"""Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 AGE_SENTINEL = 123456789.125
 """Rendered in place of the sample age, which is filled in when a scraper asks."""
 
@@ -107,6 +111,9 @@ class Daemon:
             nvml_call_timeout_s=cfg.nvml_call_timeout_s,
             sources=sources,
             problems=problems,
+            attribution=AttributionSpec(cfg.jobs_dir, cfg.dcgm_job_mapping_dir)
+            if cfg.job_attribution
+            else None,
         )
         self.sampler = self.pipeline.sampler
         self.detector = self.pipeline.detector
@@ -124,6 +131,8 @@ class Daemon:
         """The sampling loop died: the process must end with a failure (systemd restarts it)."""
         self._started_t = self.clock.now()
         self._nvml_fresh_t: float | None = None
+        self._closed_episodes: dict[tuple[int, str], tuple[int, tuple[Episode, ...]]] = {}
+        self._hostname = socket.gethostname()
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -134,6 +143,7 @@ class Daemon:
                 dict(det.starved_seconds_by_cause),
                 dict(det.episodes_started),
                 det.wasted_gpu_s,
+                self._recent_episodes(key, det),
             )
             for key, det in self.detector.fleet.gpus.items()
         }
@@ -155,11 +165,23 @@ class Daemon:
             source_description=self.sources.description,
             problems=self.pipeline.problems.active(),
             problem_totals=dict(self.pipeline.problems.totals),
+            unix_offset_s=time.time() - self.clock.now(),
+            hostname=self._hostname,
         )
         if self.nvml_trouble(tick.t_s)[0] != "stale":
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
+
+    def _recent_episodes(self, key: tuple[int, str], det: StarvationDetector) -> tuple[Episode, ...]:
+        """The last RECENT_EPISODES closed ones (copied only when one closed) and the open one."""
+        started = sum(det.episodes_started.values())
+        cached = self._closed_episodes.get(key)
+        if cached is None or cached[0] != started:
+            closed = tuple(itertools.islice(reversed(det.episodes), RECENT_EPISODES))[::-1]
+            cached = self._closed_episodes[key] = (started, closed)
+        current = det.current
+        return cached[1] + ((current,) if current is not None else ())
 
     def nvml_trouble(self, now: float) -> tuple[str | None, str]:
         """Fresh NVML data means a successful reading with a GPU answering (or none installed).

@@ -14,6 +14,9 @@ EXIT_BAD_TRACE = 4
 EXIT_OUTPUT = 5
 EXIT_MISSING_DEPENDENCY = 6
 EXIT_CONFIG = 7
+EXIT_UNREACHABLE = 9
+"""`report`: a daemon or Prometheus that cannot be read, or that does not know the job. (8 is
+what dstat exits with when a plugin fails.)"""
 EXIT_INTERRUPTED = 130
 
 

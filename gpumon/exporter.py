@@ -14,10 +14,17 @@ from prometheus_client.registry import Collector
 
 from gpumon import __version__
 from gpumon.detector.classify import CAUSES, STATES
+from gpumon.model import JobRef
 from gpumon.pipeline.spec import is_simulated
 from gpumon.snapshot import Snapshot
 
 GPU_LABELS = ["gpu", "uuid"]
+JOB_LABELS = ["scheduler", "job_id", "user", "namespace", "pod", "container", "via"]
+
+
+def job_label_values(j: JobRef) -> list[str]:
+    """An absent value is the empty label, which Prometheus treats as no label at all."""
+    return [j.scheduler, j.job_id, j.user or "", j.namespace or "", j.pod or "", j.container or "", j.via]
 
 
 class GpumonCollector(Collector):
@@ -111,9 +118,17 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
     episodes = CounterMetricFamily(
         "gpumon_gpu_episodes", "Episodes started, by state and cause label.", labels=[*GPU_LABELS, "label"]
     )
+    jobs = GaugeMetricFamily(
+        "gpumon_gpu_job_info",
+        "The job (Slurm) or pod (Kubernetes) holding the GPU; always 1. One series per GPU and job: "
+        "join it to other series on (instance, gpu, uuid) rather than carry job labels on every series.",
+        labels=[*GPU_LABELS, *JOB_LABELS],
+    )
     for g in s.tick.gpus:
         lv = [str(g.index), g.uuid]
         info.add_metric([*lv, g.name], 1)
+        for j in g.jobs:
+            jobs.add_metric([*lv, *job_label_values(j)], 1)
         up.add_metric(lv, 1 if g.available else 0)
         for fam, value in (
             (util, g.util_ratio),
@@ -180,6 +195,8 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         wasted,
         episodes,
     )
+    if jobs.samples:
+        yield jobs
 
 
 def _host_metrics(s: Snapshot) -> Iterator[Metric]:
@@ -223,6 +240,16 @@ def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
     for name in sorted(set(s.sources) | set(s.problem_totals)):
         problems.add_metric([name], s.problem_totals.get(name, 0))
     yield from (ok, dur, fails, problems)
+    if s.tick.attribution:
+        attr = GaugeMetricFamily(
+            "gpumon_attribution_up",
+            "1 when the attribution source (slurm, dcgm-mapping, kubernetes) answered this tick; "
+            "the state API says why not.",
+            labels=["source"],
+        )
+        for a in s.tick.attribution:
+            attr.add_metric([a.source], 1 if a.up else 0)
+        yield attr
     yield GaugeMetricFamily(
         "gpumon_last_sample_age_seconds",
         "Seconds since the newest sample: the values are sampled in the background.",

@@ -26,6 +26,25 @@ class GpuProcess(NamedTuple):
     gpu_mem_bytes: int | None
 
 
+class JobRef(NamedTuple):
+    """A job (Slurm) or pod (Kubernetes) that holds a GPU, and how gpumon knows it."""
+
+    scheduler: str
+    """`slurm` or `kubernetes`."""
+    job_id: str
+    """Slurm: the job id (an array task as `ARRAYJOB_TASK`); Kubernetes: `namespace/pod`."""
+    user: str | None = None
+    step: str | None = None
+    """Slurm: the job step of the GPU's process, when a cgroup says it."""
+    via: str = ""
+    """Where it came from: `prolog`, `dcgm-mapping`, `cgroup`, `pod-resources`."""
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    started_unix_s: float | None = None
+    """When the job began on this GPU, where known (the prolog writes it)."""
+
+
 class GpuSample(NamedTuple):
     t_s: float
     index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
@@ -47,6 +66,17 @@ class GpuSample(NamedTuple):
     """Driver samples newer than the previous tick's (nvmlDeviceGetSamples), oldest first."""
     error: str | None = None
     """Why the GPU is unavailable, when it is."""
+    jobs: tuple[JobRef, ...] = ()
+    """The jobs holding this GPU (two for a shared or MPS GPU), from the job attribution."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionStatus:
+    """How one attribution source fared this tick (gpumon_attribution_up)."""
+
+    source: str
+    up: bool
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +129,4 @@ class Tick:
     gpus: tuple[GpuSample, ...]
     host: HostSample | None
     source_errors: tuple[str, ...] = field(default=())
+    attribution: tuple[AttributionStatus, ...] = field(default=())

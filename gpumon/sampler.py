@@ -15,13 +15,13 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpumon.clock import Clock
 from gpumon.errors import GpumonError
-from gpumon.model import GpuSample, HostSample, Tick, UtilPoint
+from gpumon.model import AttributionStatus, GpuSample, HostSample, Tick, UtilPoint
 from gpumon.problems import Problems
 
 log = logging.getLogger("gpumon.sampler")
@@ -44,6 +44,16 @@ class HostSourceLike(Protocol):
     name: str
 
     def poll(self, t_s: float, gpu_pids: Any = ()) -> HostSample | None: ...
+
+
+class JobSourceLike(Protocol):
+    """Job attribution: the GPUs back with their `jobs` filled in, and how each of its own
+    sources fared (`status`, for gpumon_attribution_up)."""
+
+    name: str
+    status: tuple[AttributionStatus, ...]
+
+    def poll(self, t_s: float, gpus: Sequence[GpuSample]) -> list[GpuSample]: ...
 
 
 @dataclass
@@ -87,6 +97,7 @@ class Sampler:
     on_tick: list[Callable[[Tick], None]] = field(default_factory=list)
     problems: Problems = field(default_factory=lambda: Problems(log))
     process_time: Callable[[], float] = time.process_time
+    job_source: JobSourceLike | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -140,7 +151,20 @@ class Sampler:
             ok, host = self._run(self.host_source.name, self.host_source.poll, t, pids)
             if not ok:
                 errors.append(self.host_source.name)
-        tick = Tick(t_s=t, gpus=tuple(gpus), host=host, source_errors=tuple(errors))
+        attribution: tuple[AttributionStatus, ...] = ()
+        if self.job_source is not None and gpus:
+            ok, attributed = self._run(self.job_source.name, self.job_source.poll, t, gpus)
+            if ok:
+                gpus = attributed
+                attribution = self.job_source.status
+            else:
+                errors.append(self.job_source.name)
+                attribution = (
+                    AttributionStatus(
+                        self.job_source.name, False, self.stats[self.job_source.name].last_error
+                    ),
+                )
+        tick = Tick(t_s=t, gpus=tuple(gpus), host=host, source_errors=tuple(errors), attribution=attribution)
         with self._lock:
             self._remember(tick)
         for sink in self.on_tick:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.detector.tracker import Verdict
+from gpumon.detector.tracker import Episode, Verdict
 from gpumon.model import Tick
 from gpumon.pipeline.spec import is_simulated
 from gpumon.sampler import SourceStats
+from gpumon.trace import job_to_dict
 
 SCHEMA = "gpumon-state/1"
 
@@ -22,6 +23,8 @@ class GpuCounters:
     starved_seconds_by_cause: dict[str, float]
     episodes_started: dict[str, int]
     wasted_gpu_s: float
+    episodes: tuple[Episode, ...] = ()
+    """The most recent episodes, oldest first, the one going on last (the state API's)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Snapshot:
     """The messages of the problems going on now."""
     problem_totals: dict[str, int] = field(default_factory=dict)
     """Problems noted per source since start."""
+    unix_offset_s: float = 0.0
+    """Add to a sampler-clock time to get Unix time (for episodes in the state API)."""
+    hostname: str = ""
 
     def verdict_for(self, index: int, uuid: str) -> Verdict | None:
         for v in self.verdicts:
@@ -83,10 +89,15 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "reason": v.reason if v else None,
                 "evidence": v.evidence.as_dict() if v else None,
                 "wasted_gpu_s": _r(c.wasted_gpu_s, 3) if c else 0.0,
+                "seconds_in_state": {k: _r(v, 3) for k, v in c.seconds_in_state.items() if v} if c else {},
+                "episodes": [_episode_json(e, s.unix_offset_s) for e in c.episodes] if c else [],
+                "jobs": [job_to_dict(j) for j in g.jobs],
             }
         )
     return {
         "schema": SCHEMA,
+        "hostname": s.hostname,
+        "time_unix_s": round(s.t_s + s.unix_offset_s, 3),
         "age_s": round(age_s, 3),
         "ticks": s.ticks,
         "source": s.source_description,
@@ -112,4 +123,16 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
             for name, st in s.sources.items()
         },
         "problems": list(s.problems),
+        "attribution": {a.source: {"up": a.up, "reason": a.reason} for a in s.tick.attribution},
+    }
+
+
+def _episode_json(e: Episode, offset: float) -> dict[str, Any]:
+    return {
+        "label": e.label,
+        "start_unix_s": round(e.start_s + offset, 3),
+        "end_unix_s": None if e.end_s is None else round(e.end_s + offset, 3),
+        "wasted_gpu_s": e.wasted_gpu_s,
+        "mean_duty": e.mean_duty,
+        "reason": e.reason,
     }

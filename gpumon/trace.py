@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from gpumon.errors import OutputError, TraceError
-from gpumon.model import GpuProcess, GpuSample, HostSample, ProcessCpu, Tick, UtilPoint
+from gpumon.model import GpuProcess, GpuSample, HostSample, JobRef, ProcessCpu, Tick, UtilPoint
 
 FORMAT = "gpumon-trace"
 VERSION = 1
@@ -62,7 +62,30 @@ def gpu_to_dict(g: GpuSample) -> dict[str, Any]:
     d["util_history"] = [[round(p.t_s, 6), round(p.util_ratio, 4)] for p in g.util_history]
     if g.error is not None:
         d["error"] = g.error
+    if g.jobs:
+        d["jobs"] = [job_to_dict(j) for j in g.jobs]
     return d
+
+
+def job_to_dict(j: JobRef) -> dict[str, Any]:
+    """A job as traces and the state API write it (absent fields left out)."""
+    return {k: v for k, v in j._asdict().items() if v not in (None, "")}
+
+
+def _job(d: Any) -> JobRef:
+    if not isinstance(d, dict):
+        raise _Bad("each entry of 'jobs' must be an object")
+    for key in ("scheduler", "job_id"):
+        if not isinstance(d.get(key), str) or not d[key]:
+            raise _Bad(f"a job's {key!r} must be a string")
+    kwargs: dict[str, Any] = {k: d.get(k) for k in JobRef._fields if k in d}
+    started = kwargs.pop("started_unix_s", None)
+    if any(v is not None and not isinstance(v, str) for v in kwargs.values()):
+        raise _Bad("a job's fields must be strings")
+    if started is not None:
+        kwargs["started_unix_s"] = _num({"started_unix_s": started}, "started_unix_s")
+    kwargs.setdefault("via", "")
+    return JobRef(**kwargs)
 
 
 def host_to_dict(h: HostSample) -> dict[str, Any]:
@@ -289,6 +312,7 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
         processes=tuple(procs),
         util_history=tuple(history),
         error=error if isinstance(error, str) else None,
+        jobs=tuple(_job(j) for j in _list(d, "jobs")),
         **kwargs,
     )
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests run for real: gcc builds the stand-in libnvidia-ml.so.1; a real
 # Prometheus server and promtool check the exporter, its alert rules and the dashboard;
-# systemd-analyze rates the unit; openssl makes a throwaway certificate for the TLS test;
+# systemd-analyze rates the unit; openssl makes throwaway certificates for the TLS tests;
 # Debian's dstat runs the --gpu plugin.
 need=()
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
@@ -14,6 +14,9 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(pro
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
 command -v dstat >/dev/null || need+=(dstat)   # the real dstat 0.7.4 runs the plugin
+# a real single-node Slurm runs jobs through gpumon's prolog and epilog (tests/test_slurm.py)
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "test: missing ${need[*]}: install them (apt-get install ${need[*]}) and run again" >&2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
+from pathlib import Path
 
 from gpumon.config import Config
 from gpumon.detector.config import Thresholds
@@ -12,8 +13,31 @@ from gpumon.detector.config import Thresholds
 from .conftest import ROOT
 
 
-def test_every_metric_is_in_docs_metrics_md() -> None:
-    produced = set(re.findall(r"^# TYPE (\S+)", (ROOT / "tests/golden/metrics.txt").read_text(), re.M))
+def metrics_with_a_job(tmp: Path) -> str:
+    """/metrics of a fleet where the Slurm prolog has run: the series only a job brings."""
+    import os
+    import subprocess
+
+    from gpumon.clock import VirtualClock
+    from gpumon.daemon import Daemon
+
+    env = {
+        "PATH": os.environ["PATH"],
+        "GPUMON_JOBS_DIR": str(tmp),
+        "GPUMON_NVIDIA_SMI": "/nonexistent",
+        "SLURM_JOB_ID": "1",
+        "SLURM_JOB_USER": "u",
+        "SLURM_JOB_GPUS": "0",
+    }
+    subprocess.run([str(ROOT / "contrib/slurm/gpumon-prolog")], env=env, check=True)
+    d = Daemon(Config(simulate="healthy", listen="127.0.0.1:0", jobs_dir=str(tmp)), clock=VirtualClock())
+    d.sampler.run(duration_s=2)
+    return d.render_metrics("")[0].decode()
+
+
+def test_every_metric_is_in_docs_metrics_md(tmp_path: Path) -> None:
+    text = (ROOT / "tests/golden/metrics.txt").read_text() + metrics_with_a_job(tmp_path)
+    produced = set(re.findall(r"^# TYPE (\S+)", text, re.M))
     documented = set(re.findall(r"`(gpumon_[a-z0-9_]+)`", (ROOT / "docs/metrics.md").read_text()))
     missing = {n for n in produced if n not in documented and n + "_total" not in documented}
     assert not missing, f"document these in docs/metrics.md: {sorted(missing)}"

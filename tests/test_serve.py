@@ -39,6 +39,7 @@ def simulated_daemon(
 ) -> Daemon:
     """A daemon on a virtual clock, ticked `seconds` times without threads."""
     clock = VirtualClock()
+    cfg_kw.setdefault("jobs_dir", str(ROOT / "tests/golden/no-jobs-here"))  # whatever this host runs
     cfg = Config(simulate=scenarios, listen="127.0.0.1:0", **cfg_kw)
     daemon = Daemon(cfg, clock=clock)
     daemon.sampler.process_time = lambda: 0.0  # source durations then come from the virtual clock only

@@ -14,7 +14,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpumon import __version__
-from gpumon.cli import analyze, bench, demo, devices, dstat_plugin, flags, record, scenarios, serve, watch
+from gpumon.cli import (
+    analyze,
+    bench,
+    demo,
+    devices,
+    dstat_plugin,
+    flags,
+    record,
+    report,
+    scenarios,
+    serve,
+    watch,
+)
 from gpumon.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -25,7 +37,7 @@ from gpumon.errors import (
     UsageError,
 )
 
-COMMANDS = (devices, scenarios, record, analyze, watch, serve, demo, bench, dstat_plugin)
+COMMANDS = (devices, scenarios, record, analyze, watch, serve, report, demo, bench, dstat_plugin)
 
 
 def build_parser() -> argparse.ArgumentParser:

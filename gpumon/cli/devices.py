@@ -24,7 +24,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    pipeline = Pipeline(flags.source_spec(args), MonotonicClock())
+    pipeline = Pipeline(flags.source_spec(args), MonotonicClock(), attribution=flags.attribution())
     try:
         gpus = pipeline.poll_once() or []
     finally:

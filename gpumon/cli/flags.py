@@ -26,7 +26,7 @@ from gpumon.config import (
 )
 from gpumon.detector.config import Thresholds
 from gpumon.errors import UsageError
-from gpumon.pipeline import Pipeline, SourceSpec
+from gpumon.pipeline import AttributionSpec, Pipeline, SourceSpec
 
 SOURCE_KEYS = ("simulate", "replay", "drive", "gpus", "seed", "sample_period_s")
 
@@ -243,3 +243,38 @@ class _RaiseOnSignals:
     def __exit__(self, *exc: object) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+_AGO = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def time_point(text: str) -> float:
+    """A point in time, as Unix seconds: ISO 8601 (`2026-11-30T02:00`, a zone or local time), or
+    how long ago (`90s`, `30m`, `2h`, `1d`)."""
+    import datetime
+    import time as time_mod
+
+    t = text.strip()
+    if t and t[-1] in _AGO and t[:-1].replace(".", "", 1).isdigit():
+        ago = float(t[:-1]) * _AGO[t[-1]]
+        if ago > 3650 * 86400:
+            raise argparse.ArgumentTypeError(f"more than ten years ago: {text!r}")
+        return time_mod.time() - ago
+    try:
+        when = datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601 such as 2026-11-30T02:00, or ago such as 30m, 2h, 1d)"
+        ) from None
+    return when.timestamp()
+
+
+def attribution() -> AttributionSpec:
+    """Where commands other than `serve` read which job holds which GPU: the serve settings'
+    defaults, and the same variables (GPUMON_JOBS_DIR, GPUMON_DCGM_JOB_MAPPING_DIR)."""
+    import os
+
+    return AttributionSpec(
+        os.environ.get("GPUMON_JOBS_DIR") or str(SETTINGS["jobs_dir"].default),
+        os.environ.get("GPUMON_DCGM_JOB_MAPPING_DIR") or None,
+    )

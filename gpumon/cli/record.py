@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = flags.source_spec(args)
     clock = SinceStart(flags.clock_for(args, spec))
-    pipeline = Pipeline(spec, clock, interval_s=args.interval_s)
+    pipeline = Pipeline(spec, clock, interval_s=args.interval_s, attribution=flags.attribution())
     try:
         writer = TraceWriter(
             args.output, make_header(pipeline.description, args.interval_s), force=args.force

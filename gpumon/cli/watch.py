@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     th = flags.thresholds(args)
     spec = flags.source_spec(args)
     clock = SinceStart(flags.clock_for(args, spec))
-    pipeline = Pipeline(spec, clock, interval_s=args.interval_s, thresholds=th)
+    pipeline = Pipeline(
+        spec, clock, interval_s=args.interval_s, thresholds=th, attribution=flags.attribution()
+    )
     writer = None
     try:
         if args.output:
@@ -103,8 +105,10 @@ def _show(tick: Tick, verdicts: list[Verdict], color: bool) -> None:
         text = f"{state:<14}"
         if color:
             text = f"\033[{_COLORS.get(v.state, '0')}m{text}\033[0m"
+        jobs = " ".join(f"job {j.job_id}" + (f" ({j.user})" if j.user else "") for j in g.jobs) if g else ""
         print(
             f"{tick.t_s:7.1f} {v.index:>3} {util:>5} {duty:>5} {mem:>5} {cpu:>7}  {text} "
-            f"{v.cause or '-':<5} {v.confidence:4.2f} {tick.t_s - v.since_s:5.0f}s",
+            f"{v.cause or '-':<5} {v.confidence:4.2f} {tick.t_s - v.since_s:5.0f}s"
+            + (f"  {jobs}" if jobs else ""),
             flush=True,
         )

@@ -10,11 +10,12 @@ a tick of the other GPUs, a scrape, or the process.
 
 from gpumon.pipeline.pipeline import DEFAULT_HISTORY_S, NVML_CALL_TIMEOUT_S, Pipeline, history_window_s
 from gpumon.pipeline.sources import OpenedSources, open_sources
-from gpumon.pipeline.spec import SourceSpec, describe_source, is_simulated
+from gpumon.pipeline.spec import AttributionSpec, SourceSpec, describe_source, is_simulated
 
 __all__ = [
     "DEFAULT_HISTORY_S",
     "NVML_CALL_TIMEOUT_S",
+    "AttributionSpec",
     "OpenedSources",
     "Pipeline",
     "SourceSpec",

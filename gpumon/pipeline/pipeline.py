@@ -13,10 +13,11 @@ from gpumon.detector.tracker import Verdict
 from gpumon.live import DetectorSink
 from gpumon.model import GpuSample, Tick
 from gpumon.pipeline.sources import OpenedSources, open_sources
-from gpumon.pipeline.spec import SourceSpec
+from gpumon.pipeline.spec import AttributionSpec, SourceSpec
 from gpumon.pipeline.supervisor import StopSupervision, Supervisor
 from gpumon.problems import Problems
 from gpumon.sampler import DEFAULT_INTERVAL_S, Sampler
+from gpumon.sources.jobs import JobSource
 
 log = logging.getLogger("gpumon")
 
@@ -26,6 +27,10 @@ DEFAULT_HISTORY_S = 300.0
 """History kept per GPU: five minutes (at least twice the detector's window, whatever it is)."""
 NVML_CALL_TIMEOUT_S = 1.0
 """The longest a sampling thread may stay in one NVML call before it is replaced."""
+
+
+DEFAULT_ATTRIBUTION = AttributionSpec()
+"""Every command attributes GPUs to jobs from the standard places unless told otherwise."""
 
 
 def history_window_s(requested: float | None, thresholds: Thresholds) -> float:
@@ -46,6 +51,7 @@ class Pipeline:
         nvml_call_timeout_s: float = NVML_CALL_TIMEOUT_S,
         sources: OpenedSources | None = None,
         problems: Problems | None = None,
+        attribution: AttributionSpec | None = DEFAULT_ATTRIBUTION,
     ) -> None:
         self.spec = spec
         self.clock = clock
@@ -66,11 +72,20 @@ class Pipeline:
             interval_s=interval_s,
             window_s=history_window_s(history_s, thresholds),
             problems=self.problems,
+            job_source=self._job_source(spec, attribution),
         )
         self.detector = DetectorSink(self.sampler, thresholds)
         self._tick_sinks: list[Callable[[Tick], None]] = []
         self._verdict_sinks: list[Callable[[Tick, list[Verdict]], None]] = []
         self.sampler.on_tick.append(self._after_tick)
+
+    def _job_source(self, spec: SourceSpec, attribution: AttributionSpec | None) -> JobSource | None:
+        """Live GPUs get their jobs attributed; a replay keeps the jobs it recorded."""
+        if attribution is None or spec.kind == "replay":
+            return None
+        # a simulated GPU's processes are made up: their pids may be anyone's on this host
+        cgroups = attribution.cgroups and spec.kind != "simulated"
+        return JobSource(self.problems, attribution.jobs_dir, attribution.dcgm_dir, cgroups)
 
     # -- sinks -----------------------------------------------------------------------------------
 

@@ -12,6 +12,15 @@ SourceKind = Literal["nvml", "simulated", "replay", "driven"]
 
 
 @dataclass(frozen=True)
+class AttributionSpec:
+    """Where the job holding each GPU is read from (gpumon.sources.jobs); the pipeline's default."""
+
+    jobs_dir: str | None = "/run/gpumon/jobs"
+    dcgm_dir: str | None = None
+    cgroups: bool = True
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     kind: SourceKind = "nvml"
     scenarios: tuple[str, ...] = ()

@@ -1,0 +1,59 @@
+"""`gpumon report --job ID`: a job's verdicts from the daemons that watched it, or from Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from gpumon.cli import flags
+from gpumon.errors import EXIT_OK, UsageError
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    s = sub.add_parser(
+        "report", parents=[common], help="one job's verdicts: per GPU and overall, waste, the straggler"
+    )
+    s.add_argument("--job", required=True, metavar="ID", help="the Slurm job id (an array task as JOB_TASK)")
+    s.add_argument(
+        "--url",
+        action="append",
+        metavar="URL",
+        help="a gpumon daemon to ask (repeatable; default http://127.0.0.1:9877, this node's)",
+    )
+    s.add_argument(
+        "--prometheus", metavar="URL", help="ask this Prometheus instead: every node of the job at once"
+    )
+    s.add_argument(
+        "--since",
+        type=flags.time_point,
+        metavar="TIME",
+        help="from this time: ISO 8601, or ago as 30m, 2h, 1d",
+    )
+    s.add_argument("--until", type=flags.time_point, metavar="TIME", help="until this time (default now)")
+    s.add_argument("--json", action="store_true", help="machine-readable (schema gpumon-job-report/1)")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpumon import report
+
+    until = args.until if args.until is not None else time.time()
+    if args.since is not None and args.since >= until:
+        raise UsageError("--since must come before --until")
+    if args.prometheus:
+        if args.url:
+            raise UsageError("--url and --prometheus: choose one")
+        since = args.since if args.since is not None else until - 86400.0
+        rep = report.from_prometheus(args.job, args.prometheus, since, until)
+    else:
+        rep = report.from_daemons(args.job, args.url or ["http://127.0.0.1:9877"], args.since, args.until)
+    if args.json:
+        json.dump(report.to_json(rep), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.render(rep))
+    return EXIT_OK
