@@ -256,6 +256,29 @@ class Config:
             metavar="DIR",
         ),
     )
+    kubernetes: str = setting(
+        "auto",
+        Spec(
+            "pod attribution through the kubelet's pod-resources API: auto (when its socket exists "
+            "at start), on, or off",
+            env="GPUMON_KUBERNETES",
+            choices=("auto", "on", "off"),
+        ),
+    )
+    kubelet_socket: str = setting(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        Spec("the kubelet's pod-resources socket", env="GPUMON_KUBELET_SOCKET", metavar="PATH"),
+    )
+    kubelet_refresh_s: float = setting(
+        10.0,
+        Spec(
+            "how often the kubelet is asked which pod holds which GPU (on a timer, never on a scrape)",
+            env="GPUMON_KUBELET_REFRESH",
+            minimum=1.0,
+            maximum=3600.0,
+            unit="s",
+        ),
+    )
     nvml_call_timeout_s: float = setting(
         1.0,
         Spec(

@@ -45,6 +45,19 @@ from gpumon.webconfig import load_web_config
 log = logging.getLogger("gpumon")
 
 
+def attribution_spec(cfg: Config) -> AttributionSpec | None:
+    """Where jobs and pods are read from; the kubelet only where it is (auto) or when told (on)."""
+    if not cfg.job_attribution:
+        return None
+    k8s = cfg.kubernetes == "on" or (cfg.kubernetes == "auto" and os.path.exists(cfg.kubelet_socket))
+    return AttributionSpec(
+        cfg.jobs_dir,
+        cfg.dcgm_job_mapping_dir,
+        kubelet_socket=cfg.kubelet_socket if k8s else None,
+        kubelet_refresh_s=cfg.kubelet_refresh_s,
+    )
+
+
 def source_spec(cfg: Config) -> SourceSpec:
     return SourceSpec.from_settings(
         simulate=cfg.simulate,
@@ -111,9 +124,7 @@ class Daemon:
             nvml_call_timeout_s=cfg.nvml_call_timeout_s,
             sources=sources,
             problems=problems,
-            attribution=AttributionSpec(cfg.jobs_dir, cfg.dcgm_job_mapping_dir)
-            if cfg.job_attribution
-            else None,
+            attribution=attribution_spec(cfg),
         )
         self.sampler = self.pipeline.sampler
         self.detector = self.pipeline.detector

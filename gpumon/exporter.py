@@ -118,6 +118,12 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
     episodes = CounterMetricFamily(
         "gpumon_gpu_episodes", "Episodes started, by state and cause label.", labels=[*GPU_LABELS, "label"]
     )
+    unattributed = _gauge(
+        "gpumon_gpu_unattributed_info",
+        "Why no job or pod is named for the GPU, where a scheduler is in use (reason: no-process, "
+        "kubelet-unavailable, unknown-process; docs/kubernetes.md); always 1.",
+        ["reason"],
+    )
     jobs = GaugeMetricFamily(
         "gpumon_gpu_job_info",
         "The job (Slurm) or pod (Kubernetes) holding the GPU; always 1. One series per GPU and job: "
@@ -129,6 +135,8 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         info.add_metric([*lv, g.name], 1)
         for j in g.jobs:
             jobs.add_metric([*lv, *job_label_values(j)], 1)
+        if g.unattributed is not None:
+            unattributed.add_metric([*lv, g.unattributed], 1)
         up.add_metric(lv, 1 if g.available else 0)
         for fam, value in (
             (util, g.util_ratio),
@@ -197,6 +205,8 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
     )
     if jobs.samples:
         yield jobs
+    if unattributed.samples:
+        yield unattributed
 
 
 def _host_metrics(s: Snapshot) -> Iterator[Metric]:

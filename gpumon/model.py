@@ -68,6 +68,8 @@ class GpuSample(NamedTuple):
     """Why the GPU is unavailable, when it is."""
     jobs: tuple[JobRef, ...] = ()
     """The jobs holding this GPU (two for a shared or MPS GPU), from the job attribution."""
+    unattributed: str | None = None
+    """Why no job is named, where a scheduler is in use (docs/kubernetes.md lists the reasons)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,7 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "seconds_in_state": {k: _r(v, 3) for k, v in c.seconds_in_state.items() if v} if c else {},
                 "episodes": [_episode_json(e, s.unix_offset_s) for e in c.episodes] if c else [],
                 "jobs": [job_to_dict(j) for j in g.jobs],
+                "unattributed": g.unattributed,
             }
         )
     return {

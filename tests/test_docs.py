@@ -30,7 +30,9 @@ def metrics_with_a_job(tmp: Path) -> str:
         "SLURM_JOB_GPUS": "0",
     }
     subprocess.run([str(ROOT / "contrib/slurm/gpumon-prolog")], env=env, check=True)
-    d = Daemon(Config(simulate="healthy", listen="127.0.0.1:0", jobs_dir=str(tmp)), clock=VirtualClock())
+    d = Daemon(
+        Config(simulate="healthy", gpus=2, listen="127.0.0.1:0", jobs_dir=str(tmp)), clock=VirtualClock()
+    )
     d.sampler.run(duration_s=2)
     return d.render_metrics("")[0].decode()
 

@@ -18,6 +18,7 @@ from gpumon.pipeline.supervisor import StopSupervision, Supervisor
 from gpumon.problems import Problems
 from gpumon.sampler import DEFAULT_INTERVAL_S, Sampler
 from gpumon.sources.jobs import JobSource
+from gpumon.sources.kubelet import KubeletClient
 
 log = logging.getLogger("gpumon")
 
@@ -55,6 +56,7 @@ class Pipeline:
     ) -> None:
         self.spec = spec
         self.clock = clock
+        self._kubelet: KubeletClient | None = None
         self.problems = problems or Problems(log)
         self.sources = sources or open_sources(spec, clock, self.problems, retry_nvml=retry_nvml)
         guard = self.sources.guard
@@ -85,7 +87,14 @@ class Pipeline:
             return None
         # a simulated GPU's processes are made up: their pids may be anyone's on this host
         cgroups = attribution.cgroups and spec.kind != "simulated"
-        return JobSource(self.problems, attribution.jobs_dir, attribution.dcgm_dir, cgroups)
+        kubelet = None
+        if attribution.kubelet_socket is not None:
+            from gpumon.sources.kubelet import KubeletClient
+
+            kubelet = KubeletClient(self.problems, attribution.kubelet_socket, attribution.kubelet_refresh_s)
+            kubelet.start()  # its own thread: the kubelet is never asked on a tick or a scrape
+            self._kubelet = kubelet
+        return JobSource(self.problems, attribution.jobs_dir, attribution.dcgm_dir, cgroups, kubelet=kubelet)
 
     # -- sinks -----------------------------------------------------------------------------------
 
@@ -154,4 +163,6 @@ class Pipeline:
         return self.sources.guard.stuck_threads if self.sources.guard is not None else 0
 
     def close(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.stop()
         self.sources.close()

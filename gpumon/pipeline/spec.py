@@ -18,6 +18,9 @@ class AttributionSpec:
     jobs_dir: str | None = "/run/gpumon/jobs"
     dcgm_dir: str | None = None
     cgroups: bool = True
+    kubelet_socket: str | None = None
+    """Ask the kubelet (None: do not)."""
+    kubelet_refresh_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,17 @@ from dataclasses import dataclass, field
 
 from gpumon.model import AttributionStatus, GpuSample, JobRef
 from gpumon.problems import Problems
+from gpumon.sources.kubelet import KubeletClient, device_key, pod_ref
 
 log = logging.getLogger("gpumon.jobs")
 
 DEFAULT_JOBS_DIR = "/run/gpumon/jobs"
 _FILE = re.compile(r"^gpu(\d+)\.job([0-9A-Za-z_.+-]+)$")
 _V2 = re.compile(r"/job_(\d+)(?:/step_([0-9a-z_]+))?")
+_POD = re.compile(
+    r"kubepods[^:]*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 _V1 = re.compile(r"/slurm/uid_(\d+)/job_(\d+)(?:/step_([0-9a-z_]+))?")
 MAX_FILE_BYTES = 4096
 
@@ -78,6 +83,18 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
     return MappedJob(int(m.group(1)), values.get("gpu_uuid") or None, ref._replace(started_unix_s=started))
 
 
+def parse_pod_cgroup(text: str) -> tuple[str, str | None] | None:
+    """/proc/PID/cgroup -> (pod UID, container id) of a Kubernetes pod, or None. The cgroup names
+    the pod's UID, not its name: such a GPU is named by UID (docs/kubernetes.md)."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _POD.search(path)
+        if m:
+            c = _CONTAINER.search(path.rsplit("/", 1)[-1])
+            return m.group(1).replace("_", "-"), c.group(1)[:12] if c else None
+    return None
+
+
 def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
     """/proc/PID/cgroup -> (job id, step, uid) of a Slurm job, or None."""
     for line in text.splitlines():
@@ -107,6 +124,7 @@ class JobSource:
     dcgm_dir: str | None = None
     cgroups: bool = True
     proc: str = "/proc"
+    kubelet: KubeletClient | None = None
     name: str = "jobs"
     _files: dict[str, _Cached] = field(default_factory=dict)
     _dcgm: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
@@ -131,6 +149,19 @@ class JobSource:
         if self.dcgm_dir is not None:
             up, why = self._read_dcgm_dir(by_index)
             statuses.append(AttributionStatus("dcgm-mapping", up, why))
+        if self.kubelet is not None:
+            view = self.kubelet.view
+            for d in view.devices:
+                kind, value = device_key(d.device_id)
+                ref = pod_ref(d)
+                target = (
+                    by_uuid.setdefault(value, []) if kind == "uuid" else by_index.setdefault(int(value), [])
+                )
+                if ref not in target:
+                    target.append(ref)
+            statuses.append(AttributionStatus("kubernetes", view.up, view.reason))
+        scheduled = self._in_use(statuses)
+        kubelet_down = any(s.source == "kubernetes" and not s.up for s in statuses)
         out = []
         live_pids: set[int] = set()
         for g in gpus:
@@ -141,11 +172,27 @@ class JobSource:
             if not refs and self.cgroups:
                 refs = self._from_cgroups(p.pid for p in g.processes)
             live_pids.update(p.pid for p in g.processes)
-            out.append(g._replace(jobs=tuple(refs)) if refs else g)
+            if refs:
+                out.append(g._replace(jobs=tuple(refs)))
+            elif scheduled and g.available:
+                out.append(g._replace(unattributed=_why_none(g, kubelet_down)))
+            else:
+                out.append(g)
         for pid in set(self._pid_jobs) - live_pids:  # processes gone: forget them
             del self._pid_jobs[pid]
         self.status = tuple(statuses)
         return out
+
+    def _in_use(self, statuses: list[AttributionStatus]) -> bool:
+        """A scheduler is in use here: the kubelet is asked, a mapping directory is set up (the
+        prolog has run since boot), or dcgm's layout is configured. Only then does a GPU with no
+        job get a reason (a workstation has no jobs, and says nothing about it)."""
+        return (
+            self.kubelet is not None
+            or self.dcgm_dir is not None
+            or bool(self._files)
+            or (self.jobs_dir is not None and os.path.isdir(self.jobs_dir))
+        )
 
     # -- the prolog's directory --------------------------------------------------------------------
 
@@ -243,7 +290,8 @@ class JobSource:
     def _cgroup_job(self, pid: int) -> JobRef | None:
         try:
             with open(f"{self.proc}/{pid}/cgroup") as f:
-                found = parse_cgroup(f.read())
+                text = f.read()
+            found = parse_cgroup(text)
             uid = (
                 found[2]
                 if found is not None and found[2] is not None
@@ -252,7 +300,11 @@ class JobSource:
         except OSError:
             return None  # gone, or in another PID namespace
         if found is None:
-            return None
+            pod = parse_pod_cgroup(text)
+            if pod is None:
+                return None
+            # a GPU that reached a pod without the device plugin: named by the pod's UID
+            return JobRef("kubernetes", f"pod-uid/{pod[0]}", None, None, "cgroup", None, None, pod[1])
         return JobRef("slurm", found[0], self._user(uid), found[1], "cgroup")
 
     def _user(self, uid: int) -> str | None:
@@ -262,3 +314,12 @@ class JobSource:
             except KeyError:
                 self._users[uid] = str(uid)
         return self._users[uid]
+
+
+def _why_none(g: GpuSample, kubelet_down: bool) -> str:
+    """Why a GPU names no job, as a short code (docs/kubernetes.md, docs/fleet.md)."""
+    if not g.processes:
+        return "no-process"  # nothing runs on it: no job holds it
+    if kubelet_down:
+        return "kubelet-unavailable"
+    return "unknown-process"  # processes no scheduler handed the GPU to, or not visible from here
