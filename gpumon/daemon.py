@@ -243,6 +243,11 @@ class Daemon:
         gz_head = comp.compress(head)
         return _Rendered(stamp, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
 
+    def render_pcp(self) -> bytes:
+        from gpumon import pcp
+
+        return pcp.render(self.snapshot)
+
     def state(self) -> dict[str, Any]:
         snap = self.snapshot
         if snap is None:
@@ -296,7 +301,7 @@ class Daemon:
 
     def start_http_only(self) -> int:
         """Serve what is already sampled; `start` adds the sampling thread (tests tick by hand)."""
-        routes = Routes(self.render_metrics, self.state, self.health, self.landing)
+        routes = Routes(self.render_metrics, self.state, self.health, self.landing, self.render_pcp)
         self.web = WebServer(
             self.cfg.host_port, routes, self.web_config, self.cfg.max_connections, self.cfg.request_timeout_s
         )

@@ -72,6 +72,8 @@ class Routes:
     state: Callable[[], dict[str, Any]]
     health: Callable[[], tuple[bool, str]]
     landing: Callable[[], str]
+    pcp: Callable[[], bytes] | None = None
+    """/metrics/pcp: a few series in PCP's openmetrics dialect (gpumon.pcp), for pcp-dstat."""
 
 
 def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -459,6 +461,8 @@ class WebServer:
         if path == "/metrics":
             body, ctype, encoding = routes.metrics(headers.get("accept", ""), gz)
             return Response(200, body, ctype, encoding=encoding), False
+        if path == "/metrics/pcp" and routes.pcp is not None:
+            return Response(200, routes.pcp(), "text/plain; charset=utf-8"), False
         if path == "/api/v1/state":
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
         if path in ("/healthz", "/-/healthy"):

@@ -7,13 +7,16 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests run for real: gcc builds the stand-in libnvidia-ml.so.1; a real
 # Prometheus server and promtool check the exporter, its alert rules and the dashboard;
 # systemd-analyze rates the unit; openssl makes throwaway certificates for the TLS tests;
-# Debian's dstat runs the --gpu plugin.
+# Performance Co-Pilot (pmcd, its openmetrics PMDA, pcp-dstat) runs `dstat --gpu` the PCP way.
 need=()
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
-command -v dstat >/dev/null || need+=(dstat)   # the real dstat 0.7.4 runs the plugin
+# pcp Provides/Conflicts/Replaces dstat: /usr/bin/dstat is pcp-dstat here, and Debian's original
+# dstat 0.7.4 runs from its extracted .deb below (tests/test_dstat.py, tests/test_pcp.py)
+{ [ -x /usr/lib/pcp/bin/pcp-dstat ] && [ -x /usr/lib/pcp/bin/pmcd ]; } || need+=(pcp)
+/usr/bin/python3 -c 'import pcp, requests, six' 2>/dev/null || need+=(python3-pcp python3-requests python3-six)
 # a real single-node Slurm runs jobs through gpumon's prolog and epilog (tests/test_slurm.py)
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || need+=(munge)
@@ -24,7 +27,24 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "test: apt-get install ${need[*]}" >&2
   apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  shim=""
+  if [ ! -d /run/systemd/system ]; then
+    # no systemd running (a container): package scripts that call systemctl (pcp's) would fail
+    shim=$(mktemp -d)
+    printf '#!/bin/sh\nexit 0\n' >"$shim/systemctl"
+    chmod +x "$shim/systemctl"
+  fi
+  PATH="${shim:+$shim:}$PATH" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  [ -z "$shim" ] || rm -rf "$shim"
+fi
+dstat074=tests/.dstat-0.7.4
+if [ ! -x "$dstat074/usr/bin/dstat" ]; then
+  echo "test: extracting Debian's dstat 0.7.4 into $dstat074 (it conflicts with pcp)" >&2
+  dl=$(mktemp -d)
+  (cd "$dl" && apt-get download -qq dstat 2>/dev/null) \
+    || { apt-get update -qq >/dev/null && (cd "$dl" && apt-get download -qq dstat 2>/dev/null); }
+  dpkg-deb -x "$dl"/dstat_*.deb "$dstat074"
+  rm -rf "$dl"
 fi
 
 GPUMON_EXTRAS=dev,bench source scripts/setup.sh

@@ -1,5 +1,9 @@
 """`dstat --gpu` (Debian's dstat 0.7.4) and `dool --gpu` (PyPI dool), the real binaries, with the
-plugin installed by `gpumon dstat-plugin install`."""
+plugin installed by `gpumon dstat-plugin install`.
+
+Debian's `pcp` package replaces dstat 0.7.4 with pcp-dstat (tests/test_pcp.py), so the original runs
+here from its extracted .deb (scripts/test.sh puts it in tests/.dstat-0.7.4): one Python script,
+run by the system's python3 as its #! line says."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ import json
 import os
 import pty
 import re
-import shutil
 import socket
 import struct
 import subprocess
@@ -32,11 +35,14 @@ GOLDEN = Path(__file__).parent / "golden"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+DSTAT_074 = Path(__file__).parent / ".dstat-0.7.4" / "usr" / "bin" / "dstat"
+
+
 def tool(name: str) -> str:
-    path = shutil.which(name) if name == "dstat" else str(Path(sys.executable).parent / name)
-    if not path or not Path(path).exists():
-        pytest.fail(f"{name} is missing: scripts/test.sh installs it (dstat from Debian, dool from PyPI)")
-    return path
+    path = DSTAT_074 if name == "dstat" else Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: scripts/test.sh fetches it (dstat: Debian's .deb; dool: PyPI)")
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A HOME with the plugin installed the documented way."""
     home = tmp_path_factory.mktemp("home")
     p = subprocess.run(
-        [sys.executable, "-m", "gpumon", "dstat-plugin", "install", "--user"],
+        [sys.executable, "-m", "gpumon", "dstat-plugin", "install", "--user", "--for", "dstat"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -1,17 +1,25 @@
-"""`gpumon dstat-plugin install|uninstall`: the `dstat --gpu` / `dool --gpu` plugin."""
+"""`gpumon dstat-plugin install|uninstall`: `dstat --gpu` for whichever dstat this machine has.
+
+The original dstat 0.7.4 (Debian 12, Ubuntu 22.04) and dool load a Python plugin file; pcp-dstat
+(Ubuntu 24.04, Fedora, RHEL, and any host with PCP) reads an INI plugin over PCP metrics, fed from
+gpumon serve by PCP's openmetrics PMDA (gpumon.dstat_pcp)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 
-from gpumon.errors import EXIT_OK
+from gpumon.errors import EXIT_OK, UsageError
 
 
 def add_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     s = sub.add_parser(
-        "dstat-plugin", parents=[common], help="install or remove the `dstat --gpu` / `dool --gpu` plugin"
+        "dstat-plugin",
+        parents=[common],
+        help="install or remove `dstat --gpu` (the original dstat, dool, or PCP's pcp-dstat)",
     )
     s.add_argument("action", choices=["install", "uninstall"])
     where = s.add_mutually_exclusive_group()
@@ -20,20 +28,43 @@ def add_parser(
         dest="system",
         action="store_false",
         default=False,
-        help="for this user: ~/.dstat/ and ~/.local/share/dool/plugins/ (default)",
+        help="for this user: ~/.dstat/, ~/.local/share/dool/plugins/, ~/.pcp/dstat/ (default)",
     )
     where.add_argument(
         "--system",
         dest="system",
         action="store_true",
-        help="for everyone: /usr/local/share/dstat/ and /usr/local/share/dool/",
+        help="for everyone: /usr/local/share/dstat/, /usr/local/share/dool/; for pcp-dstat "
+        "/etc/pcp/dstat/ and PCP's openmetrics PMDA (root)",
+    )
+    s.add_argument(
+        "--for",
+        dest="flavour",
+        choices=["auto", "dstat", "pcp"],
+        default="auto",
+        help="which dstat: auto (the one `dstat` runs), dstat (0.7.4 and dool), pcp (pcp-dstat)",
+    )
+    s.add_argument(
+        "--url",
+        metavar="URL",
+        help="for pcp-dstat: the gpumon daemon PCP reads (default $GPUMON_URL, else http://127.0.0.1:9877)",
+    )
+    s.add_argument(
+        "--basic-auth",
+        metavar="USER:PASSWORD",
+        help="for pcp-dstat: credentials when the daemon asks for basic auth (default $GPUMON_BASIC_AUTH)",
     )
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon import dstat_install
+    from gpumon import dstat_install, dstat_pcp
 
+    flavour = args.flavour
+    if flavour == "auto":
+        flavour = dstat_pcp.which_dstat() or "dstat"
+    if flavour == "pcp":
+        return _pcp(args)
     if args.action == "install":
         for path in dstat_install.install(args.system):
             print(f"installed {path}")
@@ -41,4 +72,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         removed = dstat_install.uninstall(args.system)
         print("\n".join(f"removed {p}" for p in removed) or "nothing to remove")
+    return EXIT_OK
+
+
+def _pcp(args: argparse.Namespace) -> int:
+    from gpumon import dstat_install, dstat_pcp
+
+    if args.action == "install":
+        url = args.url or os.environ.get("GPUMON_URL") or "http://127.0.0.1:9877"
+        auth = args.basic_auth or os.environ.get("GPUMON_BASIC_AUTH")
+        if auth is not None and ":" not in auth:
+            raise UsageError("--basic-auth: expected USER:PASSWORD")
+        written, notes = dstat_pcp.install(args.system, url, auth)
+        for path in written:
+            print(f"installed {path}")
+        if shutil.which("dool"):  # dool, beside pcp-dstat, still takes the Python plugin
+            for path in dstat_install.install(args.system)[1:]:
+                print(f"installed {path}")
+        for note in notes:
+            print(f"note: {note}")
+        if args.system:
+            print(dstat_pcp.probe(url))
+        print("try: dstat -c --gpu 5")
+    else:
+        removed, notes = dstat_pcp.uninstall(args.system)
+        removed += dstat_install.uninstall(args.system)[1:] if shutil.which("dool") else []
+        print("\n".join(f"removed {p}" for p in removed) or "nothing to remove")
+        for note in notes:
+            print(f"note: {note}")
     return EXIT_OK
