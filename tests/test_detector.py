@@ -290,3 +290,44 @@ def test_episode_memory_is_bounded() -> None:
     feed_constant(det, ([0.95] * 3 + [0.3] * 3) * (MAX_EPISODES_KEPT + 50))
     assert len(det.episodes) == MAX_EPISODES_KEPT
     assert sum(det.episodes_started.values()) > MAX_EPISODES_KEPT
+
+
+def test_an_episodes_evidence_comes_from_its_steady_part_not_the_teardown() -> None:
+    """A CPU-starved job whose loaders exit while the GPU sits on (a checkpoint, a teardown): the
+    starved-cpu episode must show a window of the starvation itself, never one after the loaders
+    went (no workers, a busy host), which would contradict its own cause."""
+    import logging
+
+    from gpumon.clock import VirtualClock
+    from gpumon.pipeline import Pipeline, SourceSpec
+    from gpumon.pipeline.sources import simulated
+    from gpumon.problems import Problems
+    from gpumon.sim.fleet import Fleet
+    from gpumon.sim.scenarios import IDLE, STARVED_CPU, Phase, Scenario
+
+    teardown = Phase(stepped=False, duty=0.0, main_cpu=1.0, workers=0, worker_cpu=0.0, read_bytes_per_s=0.0)
+    job = Scenario(
+        "starved-then-teardown",
+        "",
+        ((0.0, STARVED_CPU), (120.0, teardown), (140.0, IDLE)),
+        ((0.0, "starved-cpu"), (120.0, "stalled"), (140.0, "idle")),
+    )
+    clock = VirtualClock()
+    fleet = Fleet([job], None, 0, clock)
+    problems = Problems(logging.getLogger("test"))
+    pipeline = Pipeline(
+        SourceSpec("simulated", scenarios=("starved-cpu",)),
+        clock,
+        sources=simulated(fleet, {"kind": "simulated"}, problems),
+        problems=problems,
+    )
+    pipeline.on_verdicts(lambda tick, verdicts: None)
+    pipeline.run(200.0)
+    (det,) = pipeline.detector.fleet.gpus.values()
+    episodes = det.close(200.0)
+    starved = [e for e in episodes if e.label == "starved-cpu"]
+    assert len(starved) == 1, [e.label for e in episodes]
+    (e,) = starved
+    assert e.worst is not None
+    assert e.worst["loader_workers"] == 2 and e.worst["busiest_child_cpu_cores"] > 0.8, e.worst
+    assert 0.1 < e.worst["duty_cycle"] < 0.5, "a window of the starvation: bursts between gaps"

@@ -150,6 +150,9 @@ def _since_first_work(
     return points
 
 
+PERIOD_POINTS = 33
+
+
 def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     pts = window.points
     if len(pts) < 2 and window.samples:
@@ -159,7 +162,10 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     values = [p.util_ratio for p in pts]
     period = None
     if len(pts) >= 2:
-        period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(pts))
+        # the driver's sample period: the median spacing of the newest samples (constant for a GPU;
+        # a median over all of a window's samples would cost a sort per tick for nothing)
+        newest = pts[-PERIOD_POINTS:]
+        period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(newest))
     duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
     bursty_quarters = 0
     recent_duty = None

@@ -27,7 +27,10 @@ class Episode:
     wasted_gpu_s: float
     mean_duty: float | None
     worst: dict[str, Any] | None
-    """The evidence of the window with the lowest duty cycle in the episode."""
+    """The evidence of the window with the lowest duty cycle in the episode's steady part: among
+    the windows whose own classification agrees with the episode, those lying whole inside it and
+    a whole window before its end (so never a job's start-up or teardown). An episode too short to
+    have one shows the lowest-duty window that agrees with it."""
     reason: str
 
     @property
@@ -79,8 +82,18 @@ class _Open:
     wasted_gpu_s: float = 0.0
     duty_sum: float = 0.0
     duty_n: int = 0
-    worst_duty: float = 2.0
-    worst: dict[str, Any] | None = None
+    recent: deque[tuple[float, float, Evidence]] = field(default_factory=deque)
+    """Agreeing windows whole inside the episode, not yet a window older than the last agreeing one."""
+    settled: tuple[float, dict[str, Any]] | None = None
+    """(duty, evidence) of the lowest-duty settled window: the steady part's worst."""
+    fallback: tuple[float, Evidence] | None = None
+    """The lowest-duty agreeing window anywhere in the episode (for episodes too short to settle)."""
+
+    @property
+    def worst(self) -> dict[str, Any] | None:
+        if self.settled is not None:
+            return self.settled[1]
+        return self.fallback[1].as_dict() if self.fallback is not None else None
 
 
 @dataclass
@@ -131,8 +144,8 @@ class StarvationDetector:
         if self._candidate is not None and t - self._candidate_since >= th.confirm_s - 1e-9:
             self._switch(self._candidate, self._candidate_since, raw.reason)
             self._candidate = None
-        self._account(t, ev)
         op = self._open
+        self._account(t, ev, agrees=key == (op.state, op.cause))
         confidence = raw.confidence if key == (op.state, op.cause) else round(raw.confidence * 0.5, 3)
         return Verdict(
             t_s=t,
@@ -157,7 +170,7 @@ class StarvationDetector:
         label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
-    def _account(self, t: float, ev: Evidence) -> None:
+    def _account(self, t: float, ev: Evidence, agrees: bool) -> None:
         op = self._open
         assert op is not None
         dt = 0.0 if self._last_t is None else min(t - self._last_t, self.thresholds.window_s)
@@ -168,11 +181,22 @@ class StarvationDetector:
         wasted = dt * waste_share(op.state, ev)
         self.wasted_gpu_s += wasted
         op.wasted_gpu_s += wasted
-        if ev.duty_cycle is not None:
-            op.duty_sum += ev.duty_cycle
-            op.duty_n += 1
-            if ev.duty_cycle < op.worst_duty:
-                op.worst_duty, op.worst = ev.duty_cycle, ev.as_dict()
+        duty = ev.duty_cycle
+        if duty is None:
+            return
+        op.duty_sum += duty
+        op.duty_n += 1
+        if not agrees:
+            return  # a window that says something else (a teardown, a start-up): never the evidence
+        window = self.thresholds.window_s
+        if op.fallback is None or duty < op.fallback[0]:
+            op.fallback = (duty, ev)
+        if t - window >= op.start_s - 1e-9:
+            op.recent.append((t, duty, ev))
+        while op.recent and op.recent[0][0] <= t - window + 1e-9:
+            _, d, e = op.recent.popleft()
+            if op.settled is None or d < op.settled[0]:
+                op.settled = (d, e.as_dict())
 
     def _as_episode(self, op: _Open, end: float | None) -> Episode:
         return Episode(
