@@ -48,6 +48,9 @@ class TraceError(GpumonError):
         where = f"{path}:{line}" if line is not None else path
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, str]]:
+        return (type(self), (self.path, self.line, self.reason))  # crosses a process pool whole
+
 
 class OutputError(GpumonError):
     """An output file that cannot be written (exists, no permission, disk full)."""

@@ -1,10 +1,11 @@
-"""Trace files: what `gpumon record` writes and `analyze` / `--replay` read.
+"""Trace files: what `gpumon record` and the daemon's recorder write and `analyze` / `--replay` read.
 
 Format (docs/trace-format.md): JSON Lines, UTF-8. Line 1 is a header, then one `tick` record per
 sampler tick, then an `end` record when the recording stopped cleanly. Each line is written and
 flushed as a whole, so a process killed with SIGKILL leaves every earlier line intact and at most a
 partial last line, which readers drop with a warning. fsync runs every few seconds and at close,
-so even a power loss costs at most that much.
+so even a power loss costs at most that much. Version 2 (gpumon.tracev2) is the same records made
+compact inside one gzip stream; the reader here takes both, with one set of rules.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -22,7 +23,8 @@ from gpumon.errors import OutputError, TraceError
 from gpumon.model import GpuProcess, GpuSample, HostSample, JobRef, ProcessCpu, Tick, UtilPoint
 
 FORMAT = "gpumon-trace"
-VERSION = 1
+VERSION = 2
+"""The newest version read and, by default, written (version 1: plain JSON Lines)."""
 FSYNC_EVERY_S = 5.0
 MAX_GAP_S = 7 * 86400.0
 """The largest step between two ticks a reader accepts: a recorder suspended for a week is still
@@ -126,13 +128,13 @@ def tick_to_dict(t: Tick) -> dict[str, Any]:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def make_header(source: dict[str, Any], interval_s: float) -> dict[str, Any]:
+def make_header(source: dict[str, Any], interval_s: float, version: int = VERSION) -> dict[str, Any]:
     from gpumon import __version__
 
     return {
         "type": "header",
         "format": FORMAT,
-        "version": VERSION,
+        "version": version,
         "gpumon_version": __version__,
         "started_unix_s": round(time.time(), 3),
         "hostname": socket.gethostname(),
@@ -161,7 +163,7 @@ class TraceWriter:
             ) from None
         except OSError as e:
             raise OutputError(f"{path}: cannot create: {e.strerror}") from None
-        self._write(header)
+        self._write({**header, "version": 1})
 
     def _write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
@@ -182,13 +184,13 @@ class TraceWriter:
         self._write(tick_to_dict(tick))
         self.ticks += 1
 
-    def close(self, t_s: float | None, reason: str) -> None:
-        """Write the end record and close. After a failed write, only release the file: the
-        error the user sees is that first one (exit 5), not a second from here."""
+    def close(self, t_s: float | None, reason: str | None) -> None:
+        """Write the end record (none when `reason` is None) and close. After a failed write, only
+        release the file: the error the user sees is that first one (exit 5), not a second from here."""
         if self._f.closed:
             return
         try:
-            if not self.failed:
+            if not self.failed and reason is not None:
                 self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
                 try:
                     os.fsync(self._f.fileno())
@@ -202,6 +204,75 @@ class TraceWriter:
                 if not self.failed:
                     self.failed = True
                     raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
+
+
+class TraceWriterV2:
+    """Version 2: the same records, compact, in one gzip stream flushed after every record."""
+
+    def __init__(
+        self,
+        path: str,
+        header: dict[str, Any],
+        *,
+        force: bool = False,
+        fsync_every_s: float = FSYNC_EVERY_S,
+        origin_s: float = 0.0,
+    ) -> None:
+        """`origin_s`: the caller's clock at the file's t_s 0 (the daemon's recorder starts each
+        segment's times afresh)."""
+        from gpumon.tracev2 import Encoder, GzipRecordWriter
+
+        self.path = path
+        self.ticks = 0
+        self.last_t_s: float | None = None
+        """The file's own time of the last tick written."""
+        self._origin = origin_s
+        self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
+        self._enc = Encoder(origin_s)
+        self._write({**header, "version": 2})
+
+    @property
+    def failed(self) -> bool:
+        return self._out.failed
+
+    @property
+    def bytes(self) -> int:
+        return self._out.bytes
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        try:
+            self._out.write(line)
+        except OutputError as e:
+            raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
+
+    def write_tick(self, tick: Tick) -> None:
+        self._write(self._enc.encode(tick))
+        self.ticks += 1
+        self.last_t_s = round(tick.t_s - self._origin, 6)
+
+    def close(self, t_s: float | None, reason: str | None) -> None:
+        """`t_s` on the file's own clock (`last_t_s`); no end record when `reason` is None."""
+        try:
+            if not self._out.failed and reason is not None:
+                self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
+        finally:
+            self._out.finish()
+
+
+def open_writer(
+    path: str, header: dict[str, Any], version: int, *, force: bool = False
+) -> TraceWriter | TraceWriterV2:
+    if version == 1:
+        return TraceWriter(path, {**header, "version": 1}, force=force)
+    return TraceWriterV2(path, header, force=force)
+
+
+def version_for(path: str, asked: int | None) -> int:
+    """The version `record -o PATH` writes: as asked, else 1 for a `.jsonl` name, else 2."""
+    if asked is not None:
+        return asked
+    return 1 if path.endswith(".jsonl") else VERSION
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -251,12 +322,17 @@ def _num(d: dict[str, Any], key: str, *, optional: bool = True, integer: bool = 
         if optional:
             return None
         raise _Bad(f"missing field {key!r}")
+    kind = type(value)  # exact types: bool is not a number here; this runs millions of times
+    if kind is float and not integer:
+        if -1e18 <= value <= 1e18:  # also false for NaN and infinities
+            return value
+    elif kind is int and -(10**18) <= value <= 10**18:
+        return value if integer else float(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or (isinstance(value, float) and not math.isfinite(value)):
         raise _Bad(f"field {key!r} must be a {'whole number' if integer else 'number'}, got {value!r}")
-    if abs(value) > 1e18:  # beyond any counter, byte count or time a GPU produces
-        raise _Bad(f"field {key!r} is out of range: {value!r}")
-    return int(value) if integer else float(value)
+    # beyond any counter, byte count or time a GPU produces
+    raise _Bad(f"field {key!r} is out of range: {value!r}")
 
 
 def _str(d: dict[str, Any], key: str, default: str = "") -> str:
@@ -273,23 +349,25 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
+_NUMBER = (int, float)
+"""Exact types (type(x) in _NUMBER): bool, a subclass of int, is not a number in a trace."""
+
+
 def _gpu(d: Any, t_s: float) -> GpuSample:
     if not isinstance(d, dict):
         raise _Bad("each entry of 'gpus' must be an object")
     history = []
     for p in _list(d, "util_history"):
-        if (
-            not isinstance(p, list)
-            or len(p) != 2
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)
-        ):
+        if type(p) is not list or len(p) != 2:
             raise _Bad(f"util_history entries must be [t_s, util_ratio], got {p!r}")
-        if any(abs(x) > 1e18 for x in p):
+        t, u = p
+        if type(t) not in _NUMBER or type(u) not in _NUMBER:
+            raise _Bad(f"util_history entries must be [t_s, util_ratio], got {p!r}")
+        if not -1e18 <= t <= 1e18:  # false for NaN and infinities too
             raise _Bad(f"util_history entry out of range: {p!r}")
-        t, u = float(p[0]), float(p[1])
-        if not (math.isfinite(t) and math.isfinite(u)) or not -1e-9 <= u <= 1 + 1e-9:
+        if not -1e-9 <= u <= 1 + 1e-9:
             raise _Bad(f"util_history entries must be finite, with util_ratio between 0 and 1; got {p!r}")
-        history.append(UtilPoint(t, u))
+        history.append(UtilPoint(float(t), float(u)))
     procs = []
     for p in _list(d, "processes"):
         if not isinstance(p, dict):
@@ -349,11 +427,18 @@ def _host(d: Any, t_s: float) -> HostSample | None:
     )
 
 
-def tick_from_dict(d: dict[str, Any]) -> Tick:
+def tick_from_dict(d: dict[str, Any], wanted: Callable[[int], bool] | None = None) -> Tick:
+    """`wanted(index)`: read only these GPUs (the others are passed over unread)."""
     t_s = _num(d, "t_s", optional=False)
     gpus = d.get("gpus")
     if not isinstance(gpus, list):
         raise _Bad("missing or invalid field 'gpus' (a list)")
+    if wanted is not None:
+        gpus = [
+            g
+            for g in gpus
+            if not isinstance(g, dict) or not isinstance(g.get("index"), int) or wanted(g["index"])
+        ]
     errors = d.get("source_errors") or []
     return Tick(
         t_s=t_s,
@@ -363,20 +448,35 @@ def tick_from_dict(d: dict[str, Any]) -> Tick:
     )
 
 
-def iter_trace(path: str, warnings: list[str] | None = None) -> Iterator[dict[str, Any] | Tick]:
-    """Yield the header dict, then Ticks, then the end dict if present.
+def iter_trace(
+    path: str, warnings: list[str] | None = None, wanted: Callable[[int], bool] | None = None
+) -> Iterator[dict[str, Any] | Tick]:
+    """Yield the header dict, then Ticks, then the end dict if present. Either version.
 
     Rules (documented in docs/trace-format.md): a partial last line (a killed recorder) is dropped
     with a warning; a tick whose t_s equals the previous one is dropped with a warning; a tick that
     goes back in time, a line that is not JSON elsewhere, or a malformed record is an error naming
-    the line. Unknown record types and unknown fields are ignored (forward compatibility).
+    the line (version 2: the record and the compressed byte offset). Unknown record types and
+    unknown fields are ignored (forward compatibility).
     """
     reader = _Reader(path, warnings if warnings is not None else [])
+    reader.wanted = wanted
     try:
         f = open(path, "rb")
+    except IsADirectoryError:
+        raise TraceError(
+            path, None, "a directory: name a trace file (analyze --from DIR reads a directory)"
+        ) from None
     except OSError as e:
         raise TraceError(path, None, f"cannot open: {e.strerror}") from None
     with f:
+        from gpumon.tracev2 import GZIP_MAGIC
+
+        if f.read(2) == GZIP_MAGIC:
+            f.seek(0)
+            yield from _iter_gzip(f, reader)
+            return
+        f.seek(0)
         lineno = 0
         for raw in f:
             lineno += 1
@@ -394,43 +494,107 @@ def iter_trace(path: str, warnings: list[str] | None = None) -> Iterator[dict[st
             raise TraceError(path, None, "empty file: not a gpumon trace")
 
 
+def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
+    import zlib
+
+    from gpumon.tracev2 import GzipLines
+
+    path = reader.path
+    lines = GzipLines(f)
+    lineno = 0
+    try:
+        for raw, offset in lines:
+            lineno += 1
+            reader.offset = offset
+            if raw.endswith(b"\n"):
+                yield from reader.parse(lineno, raw)
+                continue
+            try:
+                yield from reader.parse(lineno, raw)
+            except TraceError:
+                if lineno == 1:
+                    raise
+                reader.warnings.append(
+                    f"{path}: record {lineno} (byte {offset}): partial last record dropped "
+                    "(recorder was killed?)"
+                )
+    except zlib.error as e:
+        where = getattr(e, "offset", lines.offset)
+        if lineno == 0:
+            raise TraceError(
+                path, None, f"byte {where}: not a gpumon trace (corrupt gzip data: {e})"
+            ) from None
+        raise TraceError(
+            path, None, f"byte {where}: corrupt compressed data after record {lineno} ({e})"
+        ) from None
+    except EOFError:
+        pass
+    if lineno == 0:
+        raise TraceError(path, None, "empty compressed stream: not a gpumon trace")
+    if not lines.trailer_seen:
+        reader.warnings.append(
+            f"{path}: the compressed stream stops at byte {lines.offset} without its end "
+            "(the recorder was killed?): read to its last whole record"
+        )
+
+
 class _Reader:
     def __init__(self, path: str, warnings: list[str]) -> None:
         self.path = path
         self.warnings = warnings
         self.last_t: float | None = None
+        self.decoder: Any = None
+        """Set by a version 2 header: turns its compact tick records back into version 1's."""
+        self.offset: int | None = None
+        """Version 2: the compressed byte reached, named in errors."""
+        self.wanted: Callable[[int], bool] | None = None
+        """Only these GPU indices are read (analyze --gpu, and a worker's share)."""
+
+    def _error(self, lineno: int, reason: str) -> TraceError:
+        if self.offset is None:
+            return TraceError(self.path, lineno, reason)
+        return TraceError(self.path, None, f"record {lineno} (byte {self.offset}): {reason}")
 
     def parse(self, lineno: int, raw: bytes) -> Iterator[dict[str, Any] | Tick]:
         path = self.path
         if len(raw) > MAX_LINE_BYTES:
-            raise TraceError(path, lineno, f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES} are read)")
+            raise self._error(lineno, f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES} are read)")
         try:
             record = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
         except UnicodeDecodeError:
-            raise TraceError(path, lineno, "not UTF-8 text") from None
+            raise self._error(lineno, "not UTF-8 text") from None
         except json.JSONDecodeError as e:
-            raise TraceError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+            raise self._error(lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
         except _NonFinite as e:
-            raise TraceError(path, lineno, f"not valid JSON: {e} is not a number JSON allows") from None
+            raise self._error(lineno, f"not valid JSON: {e} is not a number JSON allows") from None
         except RecursionError:
-            raise TraceError(path, lineno, "JSON nested too deeply to be a gpumon record") from None
+            raise self._error(lineno, "JSON nested too deeply to be a gpumon record") from None
         if not isinstance(record, dict):
-            raise TraceError(path, lineno, "each line must be a JSON object")
+            raise self._error(lineno, "each line must be a JSON object")
         kind = record.get("type")
+        if lineno > 1 and kind is None and self.decoder is not None:
+            from gpumon.tracev2 import Bad
+
+            try:
+                record = self.decoder.decode(record)
+            except Bad as e:
+                raise self._error(lineno, str(e)) from None
+            kind = "tick"
+        elif kind == "tick" and self.decoder is not None:
+            return  # version 2 ticks carry no type: this is some other record, ignored
         if lineno == 1:
             yield self._header(lineno, record)
         elif kind == "tick":
             try:
-                tick = tick_from_dict(record)
+                tick = tick_from_dict(record, self.wanted)
             except _Bad as e:
-                raise TraceError(path, lineno, str(e)) from None
+                raise self._error(lineno, str(e)) from None
             if self.last_t is not None and tick.t_s < self.last_t:
-                raise TraceError(
-                    path, lineno, f"t_s {tick.t_s:g} goes back in time (previous tick was at {self.last_t:g})"
+                raise self._error(
+                    lineno, f"t_s {tick.t_s:g} goes back in time (previous tick was at {self.last_t:g})"
                 )
             if self.last_t is not None and tick.t_s - self.last_t > MAX_GAP_S:
-                raise TraceError(
-                    path,
+                raise self._error(
                     lineno,
                     f"t_s {tick.t_s:g} is {tick.t_s - self.last_t:g} s after the previous tick, more "
                     f"than the largest gap read ({MAX_GAP_S / 86400:g} days): a corrupt t_s, or two "
@@ -444,34 +608,33 @@ class _Reader:
         elif kind == "end":
             yield record
         elif kind == "header":
-            raise TraceError(path, lineno, "a second header: two traces concatenated?")
+            raise self._error(lineno, "a second header: two traces concatenated?")
         # unknown record types: ignored, for forward compatibility
 
     def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("type") != "header" or record.get("format") != FORMAT:
-            raise TraceError(self.path, lineno, f"not a gpumon trace (line 1 must be a {FORMAT} header)")
+            raise self._error(lineno, f"not a gpumon trace (line 1 must be a {FORMAT} header)")
         version = record.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise TraceError(self.path, lineno, f"invalid trace version {version!r}")
+            raise self._error(lineno, f"invalid trace version {version!r}")
         if version > VERSION:
-            raise TraceError(
-                self.path,
-                lineno,
-                f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon",
+            raise self._error(
+                lineno, f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon"
             )
+        if version == 2:  # compact ticks (also read from a zcat'd copy, and v1 from a gzipped one)
+            from gpumon.tracev2 import Decoder
+
+            self.decoder = Decoder()
         source = record.get("source", {})
         if not isinstance(source, dict):
-            raise TraceError(
-                self.path, lineno, f"header field 'source' must be an object, got {type(source).__name__}"
-            )
+            raise self._error(lineno, f"header field 'source' must be an object, got {type(source).__name__}")
         interval = record.get("interval_s")
         if interval is not None and (
             isinstance(interval, bool)
             or not isinstance(interval, (int, float))
             or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S
         ):
-            raise TraceError(
-                self.path,
+            raise self._error(
                 lineno,
                 f"header field 'interval_s' must be a number from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}, "
                 f"got {interval!r}",
@@ -479,7 +642,7 @@ class _Reader:
         for key in ("started_unix_s",):
             value = record.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise TraceError(self.path, lineno, f"header field {key!r} must be a number, got {value!r}")
+                raise self._error(lineno, f"header field {key!r} must be a number, got {value!r}")
         return record
 
 

@@ -155,7 +155,7 @@ def test_record_into_a_missing_directory_names_the_file(tmp_path: Path) -> None:
 
 
 def test_corrupt_trace_is_refused_with_file_and_line(tmp_path: Path) -> None:
-    good = tmp_path / "good"
+    good = tmp_path / "good.jsonl"  # version 1, plain JSON Lines (tests/test_trace_v2.py: version 2)
     gpumon("record", "--simulate", "healthy", "--duration", "5", "--speed", "max", "-o", str(good))
     lines = good.read_text().splitlines(keepends=True)
     lines[3] = re.sub(r'"t_s":[0-9.]+', '"t_s":"soon"', lines[3], count=1)
@@ -203,7 +203,7 @@ def _start_record(out: Path) -> subprocess.Popen[str]:
 
 
 def test_kill_9_loses_at_most_the_tick_in_progress(tmp_path: Path) -> None:
-    out = tmp_path / "t"
+    out = tmp_path / "t.jsonl"
     proc = _start_record(out)
     try:
         _wait_for_lines(out, 6)
@@ -218,7 +218,7 @@ def test_kill_9_loses_at_most_the_tick_in_progress(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_ends_the_file_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
-    out = tmp_path / "t"
+    out = tmp_path / "t.jsonl"
     proc = _start_record(out)
     _wait_for_lines(out, 4)
     proc.send_signal(sig)

@@ -25,6 +25,7 @@ from gpumon.cli import (
     report,
     scenarios,
     serve,
+    trace_cmd,
     watch,
 )
 from gpumon.errors import (
@@ -37,7 +38,19 @@ from gpumon.errors import (
     UsageError,
 )
 
-COMMANDS = (devices, scenarios, record, analyze, watch, serve, report, demo, bench, dstat_plugin)
+COMMANDS = (
+    devices,
+    scenarios,
+    record,
+    analyze,
+    watch,
+    serve,
+    report,
+    demo,
+    bench,
+    dstat_plugin,
+    trace_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

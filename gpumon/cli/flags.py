@@ -278,3 +278,15 @@ def attribution() -> AttributionSpec:
         os.environ.get("GPUMON_JOBS_DIR") or str(SETTINGS["jobs_dir"].default),
         os.environ.get("GPUMON_DCGM_JOB_MAPPING_DIR") or None,
     )
+
+
+def add_trace_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        dest="trace_format",
+        type=int,
+        choices=[1, 2],
+        default=None,
+        help="trace format version (docs/trace-format.md): 2, compact and gzipped (default), or 1, "
+        "plain JSON Lines (the default for a FILE ending in .jsonl)",
+    )

@@ -19,19 +19,21 @@ def add_parser(
     flags.add_duration(s)
     flags.add_interval(s)
     s.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    flags.add_trace_format(s)
     flags.add_source_flags(s, speed=True)
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.trace import TraceWriter, make_header
+    from gpumon.trace import make_header, open_writer, version_for
 
     spec = flags.source_spec(args)
     clock = SinceStart(flags.clock_for(args, spec))
     pipeline = Pipeline(spec, clock, interval_s=args.interval_s, attribution=flags.attribution())
     try:
-        writer = TraceWriter(
-            args.output, make_header(pipeline.description, args.interval_s), force=args.force
+        version = version_for(args.output, args.trace_format)
+        writer = open_writer(
+            args.output, make_header(pipeline.description, args.interval_s), version, force=args.force
         )
     except BaseException:
         pipeline.close()
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     until = f"for {args.duration:g} s" if args.duration else "until interrupted (Ctrl-C)"
     print(
         f"gpumon: recording {describe_source(pipeline.description)} every {args.interval_s:g} s {until} "
-        f"to {args.output}",
+        f"to {args.output} (trace format {version})",
         file=sys.stderr,
     )
     reason = "duration"

@@ -34,6 +34,7 @@ def add_parser(
     s.add_argument("--no-color", action="store_true", help="never colour the state column")
     s.add_argument("-o", "--output", metavar="FILE", help="also record the samples to this trace file")
     s.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    flags.add_trace_format(s)
     flags.add_threshold(s)
     flags.add_source_flags(s, speed=True)
     s.set_defaults(func=run)
@@ -49,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     writer = None
     try:
         if args.output:
-            from gpumon.trace import TraceWriter, make_header
+            from gpumon.trace import make_header, open_writer, version_for
 
-            writer = TraceWriter(
-                args.output, make_header(pipeline.description, args.interval_s), force=args.force
+            writer = open_writer(
+                args.output,
+                make_header(pipeline.description, args.interval_s),
+                version_for(args.output, args.trace_format),
+                force=args.force,
             )
             pipeline.on_tick(writer.write_tick)
     except BaseException:

@@ -1,0 +1,168 @@
+"""Trace format version 2 (docs/trace-format.md): compact records in one gzip stream, read by every
+reader as version 1 is, and converted both ways without loss."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from gpumon.errors import TraceError
+from gpumon.trace import read_trace, tick_to_dict
+
+from .conftest import ROOT, gpumon
+
+
+@pytest.fixture(scope="module")
+def v1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("v1") / "run.jsonl"
+    p = gpumon(
+        "record",
+        "--simulate",
+        "starved-io,healthy,idle",
+        "--duration",
+        "120",
+        "--speed",
+        "max",
+        "-o",
+        str(path),
+    )
+    assert p.returncode == 0, p.stderr
+    return path
+
+
+def test_converting_to_version_2_and_back_gives_the_same_file(v1: Path, tmp_path: Path) -> None:
+    v2, back = tmp_path / "run.gpt", tmp_path / "back.jsonl"
+    p = gpumon("trace", "convert", str(v1), str(v2))
+    assert p.returncode == 0 and "version 2" in p.stderr, p.stderr
+    assert v2.read_bytes()[:2] == b"\x1f\x8b"
+    assert v2.stat().st_size < v1.stat().st_size / 8
+    assert gpumon("trace", "convert", str(v2), str(back)).returncode == 0
+    assert (
+        back.read_text().splitlines()[1:] == v1.read_text().splitlines()[1:]
+    )  # the header's version differs
+    a, b = read_trace(str(v1)), read_trace(str(v2))
+    assert [tick_to_dict(t) for t in a.ticks] == [tick_to_dict(t) for t in b.ticks]
+    assert b.end == a.end and b.header["version"] == 2 and b.warnings == []
+
+
+def test_record_writes_version_2_unless_the_name_says_jsonl(tmp_path: Path) -> None:
+    out = tmp_path / "run.trace"
+    p = gpumon("record", "--simulate", "healthy", "--duration", "5", "--speed", "max", "-o", str(out))
+    assert p.returncode == 0 and "(trace format 2)" in p.stderr
+    lines = gzip.decompress(out.read_bytes()).decode().splitlines()  # zcat shows JSON Lines
+    assert json.loads(lines[0])["version"] == 2 and "dt_us" in json.loads(lines[1])
+    assert json.loads(lines[-1])["type"] == "end"
+    forced = tmp_path / "plain.trace"
+    p = gpumon(
+        "record",
+        "--simulate",
+        "healthy",
+        "--duration",
+        "3",
+        "--speed",
+        "max",
+        "--format",
+        "1",
+        "-o",
+        str(forced),
+    )
+    assert p.returncode == 0 and json.loads(forced.read_text().splitlines()[0])["version"] == 1
+
+
+def test_either_version_reads_gzipped_or_not(v1: Path, tmp_path: Path) -> None:
+    zipped_v1 = tmp_path / "v1.jsonl.gz"
+    zipped_v1.write_bytes(gzip.compress(v1.read_bytes()))
+    v2 = tmp_path / "v2.gpt"
+    assert gpumon("trace", "convert", str(v1), str(v2)).returncode == 0
+    plain_v2 = tmp_path / "v2.txt"
+    plain_v2.write_bytes(gzip.decompress(v2.read_bytes()))
+    want = [tick_to_dict(t) for t in read_trace(str(v1)).ticks]
+    for path in (zipped_v1, plain_v2):
+        assert [tick_to_dict(t) for t in read_trace(str(path)).ticks] == want
+
+
+def _v2(records: list[dict]) -> bytes:
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return z.compress("".join(json.dumps(r) + "\n" for r in records).encode()) + z.flush()
+
+
+HEADER = {"type": "header", "format": "gpumon-trace", "version": 2, "interval_s": 1.0, "source": {}}
+
+
+@pytest.mark.parametrize(
+    ("records", "says"),
+    [
+        ([HEADER], "no ticks"),
+        ([HEADER, {"dt_us": -5, "gpus": [], "host": None}], "dt_us"),
+        ([HEADER, {"dt_us": 1.5, "gpus": [], "host": None}], "dt_us"),
+        (
+            [HEADER, {"dt_us": 1000000, "gpus": [{"index": 0, "util_history": [1, 0.5, 2]}], "host": None}],
+            "even length",
+        ),
+        ([HEADER, {"dt_us": 1000000, "gpus": [{"index": "0"}], "host": None}], "index"),
+        ([HEADER, {"dt_us": 1000000, "gpus": []}], "host"),
+    ],
+)
+def test_a_bad_version_2_record_is_refused_naming_file_record_and_byte(
+    tmp_path: Path, records: list[dict], says: str
+) -> None:
+    path = tmp_path / "bad.gpt"
+    path.write_bytes(_v2(records))
+    p = gpumon("analyze", str(path))
+    assert p.returncode == 4 and "Traceback" not in p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert str(path) in line and says in line, line
+    if says != "no ticks":
+        assert "record 2 (byte " in line
+
+
+def test_two_streams_joined_are_refused_at_the_second_header(v1: Path, tmp_path: Path) -> None:
+    v2 = tmp_path / "v2.gpt"
+    assert gpumon("trace", "convert", str(v1), str(v2)).returncode == 0
+    joined = tmp_path / "joined.gpt"
+    joined.write_bytes(v2.read_bytes() * 2)
+    with pytest.raises(TraceError, match="a second header"):
+        read_trace(str(joined))
+
+
+def test_kill_9_of_record_keeps_every_whole_record(tmp_path: Path) -> None:
+    out = tmp_path / "t.gpt"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "record",
+            "--simulate",
+            "starved-cpu",
+            "--speed",
+            "20",
+            "-o",
+            str(out),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    seen = 0
+    while time.monotonic() < deadline and seen < 8:
+        time.sleep(0.05)
+        try:
+            seen = zlib.decompressobj(31).decompress(out.read_bytes()).count(b"\n")
+        except (OSError, zlib.error):
+            seen = 0
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    on_disk = zlib.decompressobj(31).decompress(out.read_bytes()).count(b"\n")
+    trace = read_trace(str(out))
+    assert len(trace.ticks) >= 7 and len(trace.ticks) == on_disk - 1  # all but the header
+    assert trace.end is None and any("without its end" in w for w in trace.warnings)
