@@ -11,16 +11,19 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.clock import VirtualClock
 from gpumon.detector.config import Thresholds
 from gpumon.detector.tracker import Episode, Verdict
 from gpumon.model import Tick
 from gpumon.pipeline import Pipeline, SourceSpec, describe_source
-from gpumon.pipeline.sources import replayed
+from gpumon.pipeline.sources import OpenedSources, replayed
 from gpumon.problems import Problems
 from gpumon.trace import Trace, read_trace
+
+if TYPE_CHECKING:
+    from gpumon.history import GpuSelection, Span
 
 SCHEMA = "gpumon-analysis/1"
 
@@ -87,39 +90,208 @@ class GpuReport:
 
 @dataclass
 class Analysis:
-    trace: Trace
+    path: str
+    """The trace file, or the recorder's directory for a range."""
+    header: dict[str, Any]
     thresholds: Thresholds
     gpus: list[GpuReport]
     host: list[tuple[float, float, float | None, float]]
-    """(t_s, cpu_ratio, iowait_ratio, busiest_core_ratio) per tick with a host sample."""
+    """(t_s, cpu_ratio, iowait_ratio, busiest_core_ratio) per tick with a host sample (a single
+    trace only: a range keeps no per-tick data)."""
+    duration_s: float
+    end_s: float
+    warnings: list[str]
+    trace: Trace | None = None
+    """The whole trace, when one file was analyzed (for --plot)."""
+    span: Span | None = None
+    """What a range read (`analyze --from`): times are then seconds since span.origin_unix_s."""
 
     @property
     def wasted_gpu_s(self) -> float:
         return sum(g.wasted_gpu_s for g in self.gpus)
 
+    def unix(self, t_s: float) -> float | None:
+        """Wall-clock time of a time in this analysis, where known."""
+        if self.span is not None:
+            return self.span.origin_unix_s + t_s
+        started = self.header.get("started_unix_s")
+        return started + t_s if isinstance(started, (int, float)) else None
+
 
 def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysis:
+    """One trace file, read whole (its verdicts per tick kept, for --json, --plot and --truth)."""
     th = thresholds or Thresholds()
     if isinstance(trace, str):
         trace = read_trace(trace)
-    interval = trace.header.get("interval_s")
-    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    opened = replayed(trace)
     t0 = trace.ticks[0].t_s if trace.ticks else 0.0
+    reports, host, end = _run(opened, t0, trace.path, trace.header, th, keep_ticks=True)
+    return Analysis(
+        path=trace.path,
+        header=trace.header,
+        thresholds=th,
+        gpus=reports,
+        host=host,
+        duration_s=trace.duration_s,
+        end_s=end,
+        warnings=trace.warnings,
+        trace=trace,
+    )
+
+
+MAX_RANGE_S = 366 * 86400.0
+
+
+def analyze_range(
+    directory: str,
+    since_unix_s: float,
+    until_unix_s: float,
+    gpus: frozenset[int] | None = None,
+    thresholds: Thresholds | None = None,
+    jobs: int = 1,
+) -> Analysis:
+    """A recorder's segments between two wall-clock times, streamed: memory stays bounded however
+    long the range (no per-tick verdicts are kept; episodes and totals are). With `jobs` > 1 the
+    GPUs are shared among that many processes (by index), each reading the range for its own."""
+    import os
+
+    from gpumon.errors import TraceError
+    from gpumon.history import GpuSelection
+
+    th = thresholds or Thresholds()
+    if not os.path.isdir(directory):
+        raise TraceError(directory, None, "no such directory (the recorder's record_dir)")
+    if until_unix_s <= since_unix_s:
+        raise TraceError(directory, None, "the range is empty: --until must be after --since")
+    if jobs <= 1:
+        whole = _analyze_share(directory, since_unix_s, until_unix_s, GpuSelection(gpus), th)
+        assert whole is not None  # not quiet: it raised instead
+        return whole
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpumon.history import read_range
+
+    _, ticks = read_range(directory, since_unix_s, until_unix_s)
+    if next(ticks, None) is None:  # said here, once, before any worker starts
+        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+    ticks.close()  # type: ignore[attr-defined]
+    shares = [GpuSelection(gpus, jobs, k) for k in range(jobs)]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [
+            pool.submit(_analyze_share, directory, since_unix_s, until_unix_s, s, th, True) for s in shares
+        ]
+        parts = [f.result() for f in futures]
+    found = [p for p in parts if p is not None]
+    if not found:
+        return analyze_range(directory, since_unix_s, until_unix_s, gpus, th)  # it says why
+    first = found[0]
+    first.gpus = sorted((g for p in found for g in p.gpus), key=lambda r: (r.index, r.uuid))
+    first.warnings = list(dict.fromkeys(w for p in found for w in p.warnings))
+    first.duration_s = max(p.duration_s for p in found)
+    first.end_s = max(p.end_s for p in found)
+    return first
+
+
+def _analyze_share(
+    directory: str,
+    since_unix_s: float,
+    until_unix_s: float,
+    gpus: GpuSelection,
+    th: Thresholds,
+    quiet: bool = False,
+) -> Analysis | None:
+    """One process's share of a range: None (with `quiet`) when it holds none of its GPUs."""
+    import itertools
+
+    from gpumon.errors import TraceError
+    from gpumon.history import read_range
+    from gpumon.sources.replay import ReplayHost, ReplaySource
+
+    span, ticks = read_range(directory, since_unix_s, until_unix_s, gpus)
+    first = next(ticks, None)
+    if first is None or span.header is None:
+        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+    interval = span.header.get("interval_s")
+    replay = ReplaySource(
+        ticks=itertools.chain([first], ticks),
+        interval_s=float(interval) if isinstance(interval, (int, float)) else None,
+    )
+    opened = OpenedSources(
+        gpu=replay,
+        host=ReplayHost(replay),
+        description={"kind": "replay", "file": directory, "recorded_from": span.header.get("source", {})},
+        exhausted=lambda: replay.exhausted,
+        next_data=replay.next_data_s,
+    )
+    reports, _, end = _run(opened, first.t_s, directory, span.header, th, keep_ticks=False)
+    if not reports:
+        if quiet:
+            return None
+        asked = ", ".join(map(str, sorted(gpus.indices or ())))
+        raise TraceError(directory, None, f"no GPU {asked} in the range" if asked else "no GPU in the range")
+    first_s = (span.first_unix_s or since_unix_s) - span.origin_unix_s
+    return Analysis(
+        path=directory,
+        header=span.header,
+        thresholds=th,
+        gpus=reports,
+        host=[],
+        duration_s=end - first_s,
+        end_s=end,
+        warnings=span.warnings,
+        span=span,
+    )
+
+
+def _nothing_between(directory: str, since: float, until: float) -> str:
+    from gpumon.recorder import list_segments
+
+    segments = list_segments(directory)
+    asked = f"no samples between {_iso(since)} and {_iso(until)}"
+    if not segments:
+        return f"{asked}: no recorder segments here (gpumon-*.jsonl.gz)"
+    return (
+        f"{asked}: the recording here spans {_iso(segments[0].start_unix_s)} to about now or its last segment"
+    )
+
+
+def _iso(unix_s: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
+
+
+def _run(
+    opened: OpenedSources,
+    t0: float,
+    path: str,
+    header: dict[str, Any],
+    th: Thresholds,
+    *,
+    keep_ticks: bool,
+) -> tuple[list[GpuReport], list[tuple[float, float, float | None, float]], float]:
+    """The replay through the same pipeline as a live run; per-GPU reports, host (when kept) and
+    the time of the last tick."""
+    interval = header.get("interval_s")
+    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
     clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
     pipeline = Pipeline(
-        SourceSpec("replay", file=trace.path),
+        SourceSpec("replay", file=path),
         clock,
         interval_s=interval,
         thresholds=th,
-        sources=replayed(trace),
+        sources=opened,
         problems=Problems(logging.getLogger("gpumon.analyze")),
     )
     reports: dict[tuple[int, str], GpuReport] = {}
     host: list[tuple[float, float, float | None, float]] = []
     last_t: dict[tuple[int, str], float] = {}
+    end = [t0]
 
     def collect(tick: Tick, verdicts: list[Verdict]) -> None:
-        if tick.host is not None:
+        end[0] = tick.t_s
+        if keep_ticks and tick.host is not None:
             h = tick.host
             host.append((tick.t_s, h.cpu_ratio, h.iowait_ratio, h.busiest_core_ratio))
         jobs_of = {(g.index, g.uuid): g.jobs for g in tick.gpus if g.jobs}
@@ -131,21 +303,20 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
             prev = last_t.get(key)
             dt = min(v.t_s - prev, th.window_s) if prev is not None else interval
             last_t[key] = v.t_s
-            rep.verdicts.append(v)
+            if keep_ticks:
+                rep.verdicts.append(v)
             rep.seconds_by_label[v.label] += dt
             for j in jobs_of.get(key, ()):
                 rep.jobs.setdefault(j.job_id, j.user)
 
     pipeline.on_verdicts(collect)
     pipeline.run()
-    end = trace.ticks[-1].t_s if trace.ticks else t0
     for key, det in pipeline.detector.fleet.gpus.items():
         rep = reports.get(key)
         if rep is not None:
-            rep.episodes = det.close(end)
+            rep.episodes = det.close(end[0])
             rep.wasted_gpu_s = det.wasted_gpu_s
-    gpus = sorted(reports.values(), key=lambda r: (r.index, r.uuid))
-    return Analysis(trace=trace, thresholds=th, gpus=gpus, host=host)
+    return sorted(reports.values(), key=lambda r: (r.index, r.uuid)), host, end[0]
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -187,17 +358,32 @@ def _fmt_evidence(e: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _clock(a: Analysis, t_s: float) -> str:
+    """A time as the report shows it: seconds into a trace, or the wall clock for a range."""
+    if a.span is None:
+        return f"{t_s:8.1f}"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(a.span.origin_unix_s + t_s).strftime("%m-%d %H:%M:%S")
+
+
 def render_text(a: Analysis) -> str:
-    tr = a.trace
-    lines = [
-        f"gpumon analyze {tr.path}: {len(a.gpus)} GPU(s), {tr.duration_s:.0f} s "
-        f"({describe_source(tr.header.get('source') or {})})",
-    ]
+    source = describe_source(a.header.get("source") or {})
+    if a.span is None:
+        lines = [f"gpumon analyze {a.path}: {len(a.gpus)} GPU(s), {a.duration_s:.0f} s ({source})"]
+    else:
+        sp = a.span
+        first, last = sp.first_unix_s or sp.since_unix_s, sp.last_unix_s or sp.until_unix_s
+        lines = [
+            f"gpumon analyze --from {a.path}: {len(a.gpus)} GPU(s), {_iso(first)} to {_iso(last)} "
+            f"({_span_text(last - first)}, {sp.ticks} ticks from {len(sp.segments)} segment(s); {source})"
+        ]
     starved = [g for g in a.gpus if g.main_label.startswith("starved")]
     lines.append(
         f"fleet: {len(starved)} of {len(a.gpus)} GPU(s) mostly starved; "
         f"{a.wasted_gpu_s / 3600:.3f} GPU-hours wasted ({a.wasted_gpu_s:.0f} GPU-s)"
     )
+    unit = "" if a.span is not None else " s"
     for g in a.gpus:
         total = g.observed_s or 1.0
         lines.append("")
@@ -207,7 +393,8 @@ def render_text(a: Analysis) -> str:
         headline = f"  verdict: {g.main_label.upper()}"
         if g.final_label:
             start = next(e.start_s for e in reversed(g.episodes) if e.label == g.final_label)
-            headline += f" most of the time; {g.final_label.upper()} at the end (from {start:.0f} s)"
+            since = _clock(a, start).strip()
+            headline += f" most of the time; {g.final_label.upper()} at the end (from {since}{unit})"
         lines.append(headline)
         shares = sorted(g.seconds_by_label.items(), key=lambda kv: -kv[1])
         lines.append(
@@ -217,44 +404,71 @@ def render_text(a: Analysis) -> str:
         shown = [e for e in g.episodes if e.state != "unknown"]
         lines.append(f"  episodes ({len(shown)}):")
         for e in shown[:8]:
-            end = e.end_s if e.end_s is not None else tr.ticks[-1].t_s
+            end = e.end_s if e.end_s is not None else a.end_s
             duty = f", mean duty {e.mean_duty:.0%}" if e.mean_duty is not None else ""
             lines.append(
-                f"    {e.start_s:8.1f} - {end:8.1f} s  {e.label:<14} ({end - e.start_s:.0f} s{duty}, "
-                f"wasted {e.wasted_gpu_s:.0f} GPU-s)"
+                f"    {_clock(a, e.start_s)} - {_clock(a, end)}{unit}  {e.label:<14} "
+                f"({end - e.start_s:.0f} s{duty}, wasted {e.wasted_gpu_s:.0f} GPU-s)"
             )
         if len(shown) > 8:
             lines.append(f"    ... {len(shown) - 8} more (--json lists them all)")
         worst = g.worst_episode
         if worst is not None and worst.worst is not None:
-            lines.append(f"  worst:   {worst.label} from {worst.start_s:.0f} s: {worst.reason}")
+            lines.append(
+                f"  worst:   {worst.label} from {_clock(a, worst.start_s).strip()}{unit}: {worst.reason}"
+            )
             lines.append(f"           evidence: {_fmt_evidence(worst.worst)}")
         if g.suggestion:
             lines.append(f"  suggest: {g.suggestion}")
-    for w in tr.warnings:
+    for w in a.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
 
 
+def _span_text(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
 def to_json(a: Analysis) -> dict[str, Any]:
     def episode(e: Episode) -> dict[str, Any]:
+        start_unix = a.unix(e.start_s)
+        end_unix = a.unix(e.end_s) if e.end_s is not None else None
         return {
             "state": e.state,
             "cause": e.cause,
             "label": e.label,
             "start_s": e.start_s,
             "end_s": e.end_s,
+            "start_unix_s": None if start_unix is None else round(start_unix, 3),
+            "end_unix_s": None if end_unix is None else round(end_unix, 3),
             "wasted_gpu_s": e.wasted_gpu_s,
             "mean_duty": e.mean_duty,
             "reason": e.reason,
             "worst_evidence": e.worst,
         }
 
+    sp = a.span
     return {
         "schema": SCHEMA,
-        "trace": a.trace.path,
-        "source": a.trace.header.get("source"),
-        "duration_s": round(a.trace.duration_s, 3),
+        "trace": a.path,
+        "source": a.header.get("source"),
+        "duration_s": round(a.duration_s, 3),
+        "range": None
+        if sp is None
+        else {
+            "directory": sp.directory,
+            "since_unix_s": round(sp.since_unix_s, 3),
+            "until_unix_s": round(sp.until_unix_s, 3),
+            "first_unix_s": sp.first_unix_s,
+            "last_unix_s": sp.last_unix_s,
+            "origin_unix_s": round(sp.origin_unix_s, 3),
+            "segments": len(sp.segments),
+            "ticks": sp.ticks,
+        },
         "thresholds": {k: getattr(a.thresholds, k) for k in a.thresholds.__slots__},
         "wasted_gpu_s": round(a.wasted_gpu_s, 3),
         "gpus": [
@@ -285,7 +499,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
             }
             for g in a.gpus
         ],
-        "warnings": a.trace.warnings,
+        "warnings": a.warnings,
     }
 
 
@@ -356,9 +570,9 @@ def compare_truth(a: Analysis, truth: str | list[TruthWindow]) -> TruthReport:
     """Judge each decisive truth window by the verdicts inside it (their majority, once settled)."""
     from gpumon.errors import TraceError
 
-    started = a.trace.header.get("started_unix_s")
+    started = a.header.get("started_unix_s")
     if not isinstance(started, (int, float)):
-        raise TraceError(a.trace.path, 1, "the header has no started_unix_s: cannot line up --truth")
+        raise TraceError(a.path, 1, "the header has no started_unix_s: cannot line up --truth")
     records = read_truth(truth) if isinstance(truth, str) else truth
     windows = [(s - started, e - started, expected, pipeline) for s, e, expected, pipeline in records]
     settle = a.thresholds.window_s + a.thresholds.confirm_s

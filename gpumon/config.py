@@ -320,6 +320,75 @@ class Config:
             unit="s",
         ),
     )
+    record: str = setting(
+        "auto",
+        Spec(
+            "the flight recorder: every sample kept on disk, compressed, for `gpumon analyze --from` "
+            "(docs/recorder.md): auto (on for real GPUs; for simulated or replayed ones only when "
+            "record_dir is set), on, or off",
+            env="GPUMON_RECORD",
+            choices=("auto", "on", "off"),
+        ),
+    )
+    record_dir: str | None = setting(
+        None,
+        Spec(
+            "where the recorder writes its segments (default: $STATE_DIRECTORY/recordings under "
+            "systemd, else /var/lib/gpumon/recordings as root, else ~/.local/state/gpumon/recordings)",
+            flag="--record-dir",
+            env="GPUMON_RECORD_DIR",
+            metavar="DIR",
+        ),
+    )
+    record_segment_s: float = setting(
+        3600.0,
+        Spec(
+            "the recorder starts a new segment file this often (of the samples' time)",
+            env="GPUMON_RECORD_SEGMENT",
+            minimum=10.0,
+            maximum=86400.0,
+            unit="s",
+        ),
+    )
+    record_max_age_s: float = setting(
+        7 * 86400.0,
+        Spec(
+            "segments whose samples are all older than this are deleted, oldest first",
+            env="GPUMON_RECORD_MAX_AGE",
+            minimum=60.0,
+            maximum=366 * 86400.0,
+            unit="s",
+        ),
+    )
+    record_max_bytes: int = setting(
+        2_000_000_000,
+        Spec(
+            "the recorder's segments together stay under this many bytes: the oldest go first",
+            env="GPUMON_RECORD_MAX_BYTES",
+            minimum=1_000_000,
+            maximum=2**50,
+        ),
+    )
+    analysis_max_range_s: float = setting(
+        86400.0,
+        Spec(
+            "the longest range /api/v1/analysis analyzes in one request (gpumon analyze --from has no limit)",
+            env="GPUMON_ANALYSIS_MAX_RANGE",
+            minimum=60.0,
+            maximum=366 * 86400.0,
+            unit="s",
+        ),
+    )
+    analysis_timeout_s: float = setting(
+        120.0,
+        Spec(
+            "an /api/v1/analysis request that takes longer is stopped (it runs niced, in its own process)",
+            env="GPUMON_ANALYSIS_TIMEOUT",
+            minimum=1.0,
+            maximum=3600.0,
+            unit="s",
+        ),
+    )
     log_level: str = setting(
         "info",
         Spec("how much to log", flag="--log-level", env="GPUMON_LOG_LEVEL", choices=LOG_LEVELS),

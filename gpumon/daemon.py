@@ -37,6 +37,7 @@ from gpumon.model import Tick
 from gpumon.pipeline import AttributionSpec, Pipeline, SourceSpec, describe_source
 from gpumon.pipeline.sources import OpenedSources
 from gpumon.problems import Problems
+from gpumon.recorder import Recorder, default_directory, unix_offset_of
 from gpumon.sdnotify import Notifier
 from gpumon.snapshot import GpuCounters, Snapshot, to_state_json
 from gpumon.web import Routes, WebServer
@@ -73,6 +74,12 @@ FIRST_TICK_S = 0.1
 """The first sample comes this soon after start (later ones on the interval's grid)."""
 
 
+def _iso_arg(unix_s: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds")
+
+
 def _float_text(value: float) -> str:
     """A number as the exposition formats write it (prometheus_client's own function)."""
     return str(_prom_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
@@ -107,8 +114,12 @@ class Daemon:
         sources: OpenedSources | None = None,
         notifier: Notifier | None = None,
         problems: Problems | None = None,
+        duration_s: float | None = None,
     ) -> None:
+        """`duration_s`: stop (exit 0) after this long on the sampler's clock (a demo, a
+        simulation at --speed max); by default, serve until told to stop."""
         self.cfg = cfg
+        self.duration_s = duration_s
         self._reload = reload
         self.stop_event = threading.Event()
         self.clock = clock or MonotonicClock()
@@ -129,6 +140,10 @@ class Daemon:
         self.sampler = self.pipeline.sampler
         self.detector = self.pipeline.detector
         self.sources = self.pipeline.sources
+        self._unix_offset = unix_offset_of(self.clock, isinstance(self.clock, MonotonicClock))
+        self.recorder = self._recorder(cfg)
+        if self.recorder is not None:
+            self.pipeline.on_tick(self.recorder.submit)
         self.pipeline.on_verdicts(self._publish)
         self.snapshot: Snapshot | None = None
         self._render_lock = threading.Lock()
@@ -144,6 +159,28 @@ class Daemon:
         self._nvml_fresh_t: float | None = None
         self._closed_episodes: dict[tuple[int, str], tuple[int, tuple[Episode, ...]]] = {}
         self._hostname = socket.gethostname()
+        self._analysis_running = False
+
+    def _recorder(self, cfg: Config) -> Recorder | None:
+        """The flight recorder (gpumon.recorder): on for real GPUs unless `record = "off"`; for
+        simulated and replayed ones only when told where (record_dir) or `record = "on"`, so a demo
+        never mixes made-up samples into a machine's history."""
+        real = self.pipeline.spec.kind == "nvml"
+        if cfg.record == "off" or (cfg.record == "auto" and not real and cfg.record_dir is None):
+            return None
+        real_time = isinstance(self.clock, MonotonicClock)
+        directory = cfg.record_dir or default_directory()
+        log.info("recording every sample to %s", directory)
+        return Recorder(
+            directory,
+            self.sources.description,
+            cfg.interval_s,
+            self._unix_offset,
+            segment_s=cfg.record_segment_s,
+            max_age_s=cfg.record_max_age_s,
+            max_bytes=cfg.record_max_bytes,
+            block=not real_time,  # a simulation at full speed waits for the disk, losing nothing
+        )
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -176,8 +213,9 @@ class Daemon:
             source_description=self.sources.description,
             problems=self.pipeline.problems.active(),
             problem_totals=dict(self.pipeline.problems.totals),
-            unix_offset_s=time.time() - self.clock.now(),
+            unix_offset_s=self._unix_offset(),
             hostname=self._hostname,
+            recorder=self.recorder.stats() if self.recorder is not None else None,
         )
         if self.nvml_trouble(tick.t_s)[0] != "stale":
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
@@ -243,6 +281,95 @@ class Daemon:
         gz_head = comp.compress(head)
         return _Rendered(stamp, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
 
+    async def analysis(self, query: str) -> tuple[int, bytes]:
+        """/api/v1/analysis?since=TIME&until=TIME&gpu=N,M: `gpumon analyze --from` over the
+        recorder's directory, as JSON. One at a time (429 while one runs), the range at most
+        analysis_max_range_s, in its own niced process stopped after analysis_timeout_s: an analysis
+        never holds up the sampler or a scrape, and never takes the daemon's memory with it."""
+        import asyncio
+        import json as json_mod
+        import re
+        import shutil
+        import sys
+        from urllib.parse import parse_qs
+
+        from gpumon.cli.flags import time_point
+
+        def problem(status: int, why: str) -> tuple[int, bytes]:
+            return status, json_mod.dumps({"error": why}).encode()
+
+        if self.recorder is None:
+            return problem(404, "the recorder is off (record = off, or simulated GPUs without record_dir)")
+        if self._analysis_running:
+            return problem(429, "an analysis is running: one at a time; try again shortly")
+        try:
+            q = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=10)
+        except ValueError:
+            return problem(400, "too many query parameters")
+        unknown = sorted(set(q) - {"since", "until", "gpu"})
+        if unknown:
+            return problem(400, f"unknown parameter {unknown[0]!r}: since, until and gpu are known")
+
+        def when(text: str) -> float:
+            # a '+' left unescaped in a query is a space: 14:00+01:00 arrives as "14:00 01:00"
+            return time_point(re.sub(r"(T\d\d:\d\d(?::\d\d(?:\.\d+)?)?) (\d\d:?\d\d)$", r"\1+\2", text))
+
+        try:
+            since = when(q.get("since", ["1h"])[-1])
+            until = when(q["until"][-1]) if "until" in q else time.time()
+        except Exception as e:  # argparse.ArgumentTypeError: its message names the value
+            return problem(400, f"{e}")
+        gpus = q.get("gpu", [""])[-1]
+        if gpus and not all(x.strip().isdigit() for x in gpus.split(",")):
+            return problem(400, f"gpu: expected indices such as 0 or 0,3; got {gpus!r}")
+        limit = self.cfg.analysis_max_range_s
+        if until - since > limit:
+            return problem(
+                400,
+                f"the range is {until - since:.0f} s, more than {limit:g} s: ask for less, or run "
+                "gpumon analyze --from on the host",
+            )
+        th = self.cfg.thresholds
+        nice = shutil.which("nice")  # coreutils' (where setpriority is filtered, it runs it as is)
+        args = [nice, "-n", "19"] if nice else []
+        args += [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "analyze",
+            "--json",
+            "--jobs",
+            "1",
+            "--from",
+            self.recorder.directory,
+        ]
+        args += ["--since", _iso_arg(since), "--until", _iso_arg(until)]
+        args += ["--gpu", gpus] if gpus else []
+        args += [f"--threshold={k}={getattr(th, k)}" for k in th.__slots__]
+        self._analysis_running = True
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), self.cfg.analysis_timeout_s)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                limit_s = self.cfg.analysis_timeout_s
+                return problem(503, f"the analysis took longer than {limit_s:g} s: ask for a shorter range")
+        except OSError as e:
+            return problem(503, f"cannot start the analysis: {e.strerror}")
+        finally:
+            self._analysis_running = False
+        if proc.returncode != 0:
+            why = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            return problem(404 if "no samples" in why[0] else 500, why[0].removeprefix("gpumon: error: "))
+        return 200, out
+
     def render_pcp(self) -> bytes:
         from gpumon import pcp
 
@@ -290,6 +417,8 @@ class Daemon:
 
     def start(self) -> int:
         """Start sampling and serving; returns the port (useful with port 0)."""
+        if self.recorder is not None:
+            self.recorder.start()
         self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-loop", daemon=True)
         self._sampler_thread.start()
         port = self.start_http_only()
@@ -301,7 +430,9 @@ class Daemon:
 
     def start_http_only(self) -> int:
         """Serve what is already sampled; `start` adds the sampling thread (tests tick by hand)."""
-        routes = Routes(self.render_metrics, self.state, self.health, self.landing, self.render_pcp)
+        routes = Routes(
+            self.render_metrics, self.state, self.health, self.landing, self.render_pcp, self.analysis
+        )
         self.web = WebServer(
             self.cfg.host_port, routes, self.web_config, self.cfg.max_connections, self.cfg.request_timeout_s
         )
@@ -310,7 +441,12 @@ class Daemon:
 
     def _sample(self) -> None:
         try:
-            self.pipeline.run(stop=self.stop_event, first_tick_s=FIRST_TICK_S)
+            self.pipeline.run(self.duration_s, stop=self.stop_event, first_tick_s=FIRST_TICK_S)
+            if self.duration_s is not None and not self.stop_event.is_set():
+                log.info("ran for --duration %g s: stopping", self.duration_s)
+                self.stop_event.set()
+                _wake_main_thread()
+                return
             exhausted = self.sources.exhausted
             if exhausted is not None and exhausted():
                 log.info("the replay ended: serving its last sample")
@@ -372,6 +508,8 @@ class Daemon:
             self.web.stop()
         if self._sampler_thread is not None:
             self._sampler_thread.join(timeout=1.5)
+        if self.recorder is not None:
+            self.recorder.close()  # what is queued is written, the segment ends whole
         self.pipeline.close()
 
 

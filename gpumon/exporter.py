@@ -277,3 +277,44 @@ def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
         "1 when the GPUs are simulated (--simulate) or replayed.",
         value=1 if is_simulated(s.source_description) else 0,
     )
+    yield from _recorder_metrics(s)
+
+
+def _recorder_metrics(s: Snapshot) -> Iterator[Metric]:
+    r = s.recorder
+    if r is None:
+        return
+    yield GaugeMetricFamily(
+        "gpumon_recorder_up",
+        "1 while the flight recorder writes every tick; 0 while paused (disk full, unwritable); "
+        "the state API says why.",
+        value=1 if r.up else 0,
+    )
+    yield CounterMetricFamily(
+        "gpumon_recorder_written_bytes",
+        "Compressed bytes the recorder wrote since start.",
+        value=r.bytes_written,
+    )
+    yield CounterMetricFamily(
+        "gpumon_recorder_errors",
+        "Writes, opens and deletes of segments that failed since start.",
+        value=r.errors,
+    )
+    yield CounterMetricFamily(
+        "gpumon_recorder_dropped_ticks",
+        "Ticks not recorded since start (paused, or the disk too slow for the queue).",
+        value=r.dropped_ticks,
+    )
+    yield GaugeMetricFamily("gpumon_recorder_segments", "Segment files kept.", value=r.segments)
+    yield GaugeMetricFamily(
+        "gpumon_recorder_disk_bytes",
+        "Bytes the kept segments take (retention holds it under the limit).",
+        value=r.disk_bytes,
+    )
+    reach = 0.0 if r.oldest_unix_s is None or r.newest_unix_s is None else r.newest_unix_s - r.oldest_unix_s
+    yield GaugeMetricFamily(
+        "gpumon_recorder_oldest_sample_age_seconds",
+        "How far back the recording reaches: the newest sample's time less the oldest segment's start "
+        "(0 before the first is written).",
+        value=round(max(0.0, reach), 3),
+    )

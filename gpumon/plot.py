@@ -45,6 +45,7 @@ def plot(a: Analysis, path: str) -> None:
     fig, axes = plt.subplots(rows, 1, figsize=(13, 1.7 * rows + 1.2), sharex=True, squeeze=False)
     axes = axes[:, 0]
     points: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    assert a.trace is not None, "--plot draws one trace file"
     for tick in a.trace.ticks:
         for sample in tick.gpus:
             points.setdefault((sample.index, sample.uuid), []).extend(
@@ -102,7 +103,7 @@ def plot(a: Analysis, path: str) -> None:
         axes[0].legend(loc="upper right", fontsize=7, ncol=2)
     handles = [Patch(color=STATE_COLORS[s], alpha=0.5, label=s) for s in STATE_COLORS if s in seen_labels]
     more = f" (first {MAX_GPUS_PLOTTED} of {len(a.gpus)} GPUs)" if len(a.gpus) > MAX_GPUS_PLOTTED else ""
-    fig.suptitle(f"gpumon: {a.trace.path}{more}", fontsize=11)
+    fig.suptitle(f"gpumon: {a.path}{more}", fontsize=11)
     fig.legend(
         handles=handles,
         loc="upper center",

@@ -9,6 +9,7 @@ from typing import Any
 from gpumon.detector.tracker import Episode, Verdict
 from gpumon.model import Tick
 from gpumon.pipeline.spec import is_simulated
+from gpumon.recorder import RecorderStats
 from gpumon.sampler import SourceStats
 from gpumon.trace import job_to_dict
 
@@ -45,6 +46,8 @@ class Snapshot:
     unix_offset_s: float = 0.0
     """Add to a sampler-clock time to get Unix time (for episodes in the state API)."""
     hostname: str = ""
+    recorder: RecorderStats | None = None
+    """The flight recorder's state, when it runs."""
 
     def verdict_for(self, index: int, uuid: str) -> Verdict | None:
         for v in self.verdicts:
@@ -81,6 +84,7 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "power_limit_w": g.power_limit_w,
                 "temp_c": g.temp_c,
                 "processes": len(g.processes),
+                "pids": [p.pid for p in g.processes],
                 "state": v.state if v else "unknown",
                 "cause": v.cause if v else None,
                 "label": v.label if v else "unknown",
@@ -90,6 +94,9 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "evidence": v.evidence.as_dict() if v else None,
                 "wasted_gpu_s": _r(c.wasted_gpu_s, 3) if c else 0.0,
                 "seconds_in_state": {k: _r(v, 3) for k, v in c.seconds_in_state.items() if v} if c else {},
+                "starved_seconds_by_cause": {k: _r(v, 3) for k, v in c.starved_seconds_by_cause.items() if v}
+                if c
+                else {},
                 "episodes": [_episode_json(e, s.unix_offset_s) for e in c.episodes] if c else [],
                 "jobs": [job_to_dict(j) for j in g.jobs],
                 "unattributed": g.unattributed,
@@ -125,6 +132,22 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
         },
         "problems": list(s.problems),
         "attribution": {a.source: {"up": a.up, "reason": a.reason} for a in s.tick.attribution},
+        "recorder": None if s.recorder is None else _recorder_json(s.recorder),
+    }
+
+
+def _recorder_json(r: RecorderStats) -> dict[str, Any]:
+    return {
+        "directory": r.directory,
+        "up": r.up,
+        "paused_reason": r.paused_reason,
+        "segments": r.segments,
+        "disk_bytes": r.disk_bytes,
+        "written_bytes": r.bytes_written,
+        "oldest_unix_s": r.oldest_unix_s,
+        "newest_unix_s": r.newest_unix_s,
+        "errors": r.errors,
+        "dropped_ticks": r.dropped_ticks,
     }
 
 

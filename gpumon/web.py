@@ -35,7 +35,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -74,6 +74,8 @@ class Routes:
     landing: Callable[[], str]
     pcp: Callable[[], bytes] | None = None
     """/metrics/pcp: a few series in PCP's openmetrics dialect (gpumon.pcp), for pcp-dstat."""
+    analysis: Callable[[str], Awaitable[tuple[int, bytes]]] | None = None
+    """/api/v1/analysis?QUERY: (status, JSON body); awaited on the event loop (it must not block)."""
 
 
 def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -465,6 +467,11 @@ class WebServer:
             return Response(200, routes.pcp(), "text/plain; charset=utf-8"), False
         if path == "/api/v1/state":
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
+        if path == "/api/v1/analysis" and routes.analysis is not None:
+            query = request.target.decode("latin-1").partition("?")[2]
+            status, body = await routes.analysis(query)
+            extra = (("Retry-After", "10"),) if status in (429, 503) else ()
+            return Response(status, body, "application/json", headers=extra), False
         if path in ("/healthz", "/-/healthy"):
             ok, why = routes.health()
             return _text(200 if ok else 503, why), False

@@ -24,8 +24,20 @@ def imports(path: Path) -> set[str]:
     return names
 
 
+JOB_SIDE = ("bench", "integrations")
+"""What runs in the training job, never in the daemon: the Keras bench and the training-log hooks."""
+
+
 def modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "bench" not in p.relative_to(PACKAGE).parts)
+    return sorted(p for p in PACKAGE.rglob("*.py") if not set(JOB_SIDE) & set(p.relative_to(PACKAGE).parts))
+
+
+def test_the_daemon_never_imports_the_job_side_and_the_hooks_need_only_the_standard_library() -> None:
+    for path in modules():
+        assert not any(m.startswith("gpumon.integrations") for m in gpumon_imports(path)), path
+    core = PACKAGE / "integrations" / "__init__.py"
+    assert imports(core) <= set(sys.stdlib_module_names) | {"__future__"}, imports(core)
+    assert gpumon_imports(core) == set(), "importing the hooks into a training job loads no gpumon module"
 
 
 def test_only_the_nvml_source_imports_pynvml_and_only_the_host_source_psutil() -> None:

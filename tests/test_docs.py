@@ -31,7 +31,10 @@ def metrics_with_a_job(tmp: Path) -> str:
     }
     subprocess.run([str(ROOT / "contrib/slurm/gpumon-prolog")], env=env, check=True)
     d = Daemon(
-        Config(simulate="healthy", gpus=2, listen="127.0.0.1:0", jobs_dir=str(tmp)), clock=VirtualClock()
+        Config(
+            simulate="healthy", gpus=2, listen="127.0.0.1:0", jobs_dir=str(tmp), record_dir=str(tmp / "rec")
+        ),
+        clock=VirtualClock(),
     )
     d.sampler.run(duration_s=2)
     return d.render_metrics("")[0].decode()

@@ -53,6 +53,8 @@ class BenchOptions:
     verbose: int = 1
     io_mb_per_s: float = 60.0
     file_mb: float = 16.0
+    watch: str | None = None
+    """Report gpumon's verdict in the log (gpumon.integrations.keras): the daemon's URL ("": default)."""
 
 
 def _batch(index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -243,8 +245,13 @@ def run(opts: BenchOptions) -> dict[str, float]:
     start = time.monotonic()
     timer = StepTimer(opts, start + opts.duration_s)
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
+    callbacks: list[keras.callbacks.Callback] = [timer]
+    if opts.watch is not None:
+        from gpumon.integrations.keras import GpumonCallback
+
+        callbacks.append(GpumonCallback(opts.watch or None))
     try:
-        model.fit(data, epochs=epochs, verbose=opts.verbose, callbacks=[timer])
+        model.fit(data, epochs=epochs, verbose=opts.verbose, callbacks=callbacks)
     finally:
         timer.close()
         if tmp is not None:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_OK
+from gpumon.errors import EXIT_OK, UsageError
 
 
 def add_parser(
@@ -17,7 +17,42 @@ def add_parser(
     s = sub.add_parser(
         "analyze", parents=[common], help="classify each GPU of a recorded trace and report why it waited"
     )
-    s.add_argument("trace", metavar="TRACE", help="a trace written by 'gpumon record'")
+    s.add_argument(
+        "trace",
+        metavar="TRACE",
+        nargs="?",
+        help="a trace written by 'gpumon record' (or one recorder segment)",
+    )
+    r = s.add_argument_group("a range of the daemon's recording (docs/recorder.md)")
+    r.add_argument(
+        "--from",
+        dest="directory",
+        metavar="DIR",
+        help="the recorder's directory (record_dir: /var/lib/gpumon/recordings under the systemd unit)",
+    )
+    r.add_argument(
+        "--since",
+        type=flags.time_point,
+        metavar="TIME",
+        help="from this time: ISO 8601 (2026-11-30T02:00, local time unless a zone is given) or how long "
+        "ago (90s, 30m, 2h, 1d); default: the start of the recording",
+    )
+    r.add_argument(
+        "--until", type=flags.time_point, metavar="TIME", help="to this time, as --since (default: now)"
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes sharing the GPUs of a long range (default: one per CPU, at most 8)",
+    )
+    r.add_argument(
+        "--gpu",
+        type=_gpu_list,
+        metavar="N[,N...]",
+        help="only these GPU indices (with --from)",
+    )
     s.add_argument(
         "--json", action="store_true", help="per-window verdicts and episodes as JSON (docs/detector.md)"
     )
@@ -32,15 +67,31 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.analysis import analyze, compare_truth, read_truth, render_text, to_json
+    from gpumon.analysis import analyze, analyze_range, compare_truth, read_truth, render_text, to_json
 
     th = flags.thresholds(args)
+    if (args.trace is None) == (args.directory is None):
+        raise UsageError("name a TRACE file, or a recorder's directory with --from DIR (not both)")
+    if args.directory is None and (args.since or args.until or args.gpu or args.jobs):
+        raise UsageError("--since, --until and --gpu select from a recording: use them with --from DIR")
+    if args.directory is not None and (args.plot or args.truth):
+        raise UsageError("--plot and --truth take one TRACE file (`gpumon trace convert` can cut one)")
     windows = read_truth(args.truth) if args.truth else None  # a bad file fails before the work
     if args.plot:
         from gpumon.plot import require_matplotlib
 
         require_matplotlib()
-    result = analyze(args.trace, th)
+    if args.directory is not None:
+        import time
+
+        until = args.until if args.until is not None else time.time()
+        since = args.since if args.since is not None else 0.0
+        jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
+        if jobs < 1:
+            raise UsageError("--jobs: at least 1")
+        result = analyze_range(args.directory, since, until, args.gpu, th, jobs=jobs)
+    else:
+        result = analyze(args.trace, th)
     if args.plot:
         from gpumon.plot import plot
 
@@ -59,6 +110,16 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return EXIT_OK
+
+
+def _gpu_list(text: str) -> frozenset[int]:
+    try:
+        found = frozenset(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices such as 0 or 0,3; got {text!r}") from None
+    if any(i < 0 for i in found):
+        raise argparse.ArgumentTypeError(f"GPU indices are 0 or more, got {text!r}")
+    return found
 
 
 def _png_path(text: str) -> str:

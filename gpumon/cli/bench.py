@@ -27,6 +27,14 @@ def add_parser(
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
     s.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="gpumon's verdict in the training log (gpumon.integrations.keras): ask the daemon at URL "
+        "(default $GPUMON_URL, else http://127.0.0.1:9877)",
+    )
     s.set_defaults(func=run)
 
 
@@ -49,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             truth=args.truth,
             save=args.save,
             verbose=0 if args.quiet else 1,
+            watch=args.watch,
         )
     )
     print(

@@ -13,7 +13,7 @@ from gpumon.config import SETTINGS, Config, ConfigError
 from gpumon.errors import EXIT_OK, GpumonError
 from gpumon.pipeline import describe_source
 
-FLAG_KEYS = ("listen", "interval_s", "web_config_file", *flags.SOURCE_KEYS, "log_level")
+FLAG_KEYS = ("listen", "interval_s", "web_config_file", "record_dir", *flags.SOURCE_KEYS, "log_level")
 
 
 def add_parser(
@@ -36,7 +36,9 @@ def add_parser(
         help="run every check the start runs (file, environment, flags, web config, trace or drive "
         "file), then exit",
     )
-    flags.add_source_flags(s, speed=False, from_config=True)
+    flags.add_setting(s, SETTINGS["record_dir"], from_config=True)
+    flags.add_source_flags(s, speed=True, from_config=True)
+    flags.add_duration(s)
     s.set_defaults(func=run)
 
 
@@ -80,4 +82,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     logging.getLogger().setLevel(cfg.log_level.upper())
-    return run_forever(Daemon(cfg, reload=lambda: load(args)))
+    from gpumon.daemon import source_spec
+
+    clock = flags.clock_for(args, source_spec(cfg))  # --speed: simulated or replayed GPUs only
+    return run_forever(Daemon(cfg, reload=lambda: load(args), clock=clock, duration_s=args.duration))

@@ -1,0 +1,285 @@
+"""gpumon's verdict in the training log: for the job, not the daemon (which never imports this).
+
+Standard library only, so importing it costs a training process nothing new. A background thread
+asks the local daemon's state API (`$GPUMON_URL`, default http://127.0.0.1:9877, as the dstat
+plugin) every few seconds, with a short timeout, which GPUs this process and its children hold; a
+training step never waits for it (a step's cost is reading one attribute). Once per starvation
+episode of those GPUs it says so, with the cause and what to change; at the end, a summary: time
+in each state and GPU-hours wasted during the run. No daemon: one line at the start, then silence.
+
+    from gpumon.integrations import Watch          # any loop
+    with Watch(framework="torch"):
+        train()
+
+    from gpumon.integrations.keras import GpumonCallback       # model.fit(..., callbacks=[...])
+    from gpumon.integrations.lightning import GpumonCallback   # Trainer(callbacks=[...])
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:9877"
+EVERY_S = 5.0
+TIMEOUT_S = 1.0
+SETTLE_S = 15.0
+"""An episode already going on when the run started is the GPU's previous job's until the detector
+has had this long to judge the new one (its window and confirmation)."""
+FIND_S = 60.0
+"""How long a job may take to put its first kernel on a GPU before the watch says it found none."""
+QUIET_RETRY_S = 30.0
+"""With no daemon, it is asked again this seldom, silently (it may start later)."""
+REPORTED = ("starved", "stalled", "sync-stall")
+
+ADVICE = {
+    ("cpu", "keras"): "raise PyDataset(workers=N, use_multiprocessing=True) or cache decoded samples",
+    ("cpu", "torch"): "raise DataLoader(num_workers) or cache decoded samples",
+    ("cpu", None): "preprocess in more worker processes, or cache decoded samples",
+    (
+        "io",
+        None,
+    ): "copy the data to local SSD or page cache, or read fewer, larger files with more I/O threads",
+    ("host", None): "look at network or remote data, and host-side work between steps (.item(), logging)",
+    ("stalled", None): "the GPU holds memory but runs nothing: a hang? (py-spy dump --pid PID)",
+    ("sync-stall", None): "ranks wait in collectives for a straggler: balance the input across ranks",
+}
+
+
+def advice(label: str, framework: str | None) -> str:
+    cause = label.split("-", 1)[1] if label.startswith("starved-") else label
+    return ADVICE.get((cause, framework)) or ADVICE.get((cause, None)) or ""
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def process_tree(root: int, proc: str = "/proc") -> set[int]:
+    """`root` and its descendants, from /proc (no psutil needed in the job)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return {root}
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses; ppid follows the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(name))
+    tree, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return tree
+
+
+class Watch:
+    """Watches the GPUs this process uses, from a background thread; see the module's doc.
+
+    `gpus`: GPU indices to watch instead of finding them by process (a container whose PID
+    namespace hides its processes' host PIDs from the daemon). `log`: where lines go (stderr)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        framework: str | None = None,
+        gpus: Iterable[int] | None = None,
+        every_s: float = EVERY_S,
+        timeout_s: float = TIMEOUT_S,
+        log: Callable[[str], None] | None = None,
+        pid: int | None = None,
+        defer: bool = False,
+    ) -> None:
+        """`defer`: hold lines until `drain()` (a callback prints them between steps, so they do
+        not cut through a progress bar)."""
+        self.url = (url or os.environ.get("GPUMON_URL") or DEFAULT_URL).rstrip("/")
+        self.framework = framework
+        self.gpus = set(gpus) if gpus is not None else None
+        self.every_s = every_s
+        self.timeout_s = timeout_s
+        self.log = log or _print
+        self.pid = pid or os.getpid()
+        self.defer = defer
+        self.pending: deque[str] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported: set[tuple[str, float]] = set()
+        self._first: dict[str, dict[str, Any]] = {}
+        self._last: dict[str, dict[str, Any]] = {}
+        self._reachable: bool | None = None
+        self._said_which = False
+        self._started_at = time.monotonic()
+        self._started_unix = time.time()
+        self._found_at: float | None = None
+        self._auth = _auth_header()
+
+    # -- the training side -------------------------------------------------------------------------
+
+    def start(self) -> Watch:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpumon-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def drain(self) -> None:
+        """Print what the thread found (the callbacks call this between steps: it costs a check)."""
+        while self.pending:
+            self.log(self.pending.popleft())
+
+    def stop(self, summary: bool = True) -> None:
+        """Stop watching; ask once more (short timeout) and print the run's summary."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + 1)
+            self._thread = None
+        if summary and self._reachable:
+            self._poll()
+            self._say_summary()
+        self.drain()
+
+    def __enter__(self) -> Watch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the background thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
+
+    def _say(self, line: str) -> None:
+        if self.defer:
+            self.pending.append(line)
+        else:
+            self.log(line)
+
+    def _poll(self) -> None:
+        try:
+            request = urllib.request.Request(self.url + "/api/v1/state", headers=self._auth)
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
+                state = json.loads(r.read())
+        except (OSError, ValueError) as e:
+            if self._reachable is None:  # said once; later failures (a daemon restarting) stay quiet
+                why = getattr(e, "reason", None) or e
+                self._say(f"gpumon: no daemon at {self.url} ({why}): no GPU starvation reports for this run")
+                self._reachable = False
+            return
+        self._reachable = True
+        try:
+            self._look(state)
+        except (KeyError, TypeError, ValueError):
+            return  # a daemon of another version: say nothing rather than something wrong
+
+    def _mine(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        gpus = [g for g in state.get("gpus", []) if isinstance(g, dict)]
+        if self.gpus is not None:
+            return [g for g in gpus if g.get("index") in self.gpus]
+        tree = process_tree(self.pid)
+        mine = [g for g in gpus if tree & set(g.get("pids") or ())]
+        if mine:
+            self._found_at = self._found_at or time.monotonic()
+        elif (
+            not self._said_which
+            and time.monotonic() - self._started_at > FIND_S
+            and any(g.get("pids") for g in gpus)
+        ):
+            self._said_which = True  # the GPUs' processes are someone else's, or hidden by a namespace
+            self._say(
+                f"gpumon: after {FIND_S:.0f} s, none of this job's processes is on a GPU the daemon sees "
+                "(in a container? pass gpus=[...] to the callback)"
+            )
+        return mine
+
+    def _look(self, state: dict[str, Any]) -> None:
+        now = float(state.get("time_unix_s") or time.time())
+        for g in self._mine(state):
+            key = g["uuid"] or str(g["index"])
+            self._first.setdefault(key, g)
+            self._last[key] = g
+            label = str(g.get("label") or "")
+            if not label.startswith(REPORTED):
+                continue
+            current = next(
+                (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
+            )
+            start = float(current["start_unix_s"]) if current else now - float(g.get("since_s") or 0)
+            if (key, round(start, 1)) in self._reported:
+                continue
+            if start < self._started_unix - 2 and now - self._started_unix < SETTLE_S:
+                continue  # an episode of the GPU's previous job, until the detector has seen ours
+            self._reported.add((key, round(start, 1)))
+            self._say(self._episode_line(g, label, now - max(start, self._started_unix)))
+
+    def _episode_line(self, g: dict[str, Any], label: str, for_s: float) -> str:
+        ev = g.get("evidence") or {}
+        duty = ev.get("duty_cycle")
+        idle = (
+            f", {1 - duty:.0%} idle" if isinstance(duty, (int, float)) and label.startswith("starved") else ""
+        )
+        what = label.replace("starved-", "starved (") + ")" if label.startswith("starved-") else label
+        tip = advice(label, self.framework)
+        return f"gpumon: GPU {g['index']} {what} for {for_s:.0f} s{idle}" + (f": {tip}" if tip else "")
+
+    def _say_summary(self) -> None:
+        for key, last in self._last.items():
+            first = self._first.get(key, last)
+            spent = _deltas(first.get("seconds_in_state"), last.get("seconds_in_state"))
+            causes = _deltas(first.get("starved_seconds_by_cause"), last.get("starved_seconds_by_cause"))
+            if "starved" in spent and causes:  # starved-cpu 40 s, starved-io 5 s, rather than starved 45 s
+                del spent["starved"]
+                spent.update({f"starved-{k}": v for k, v in causes.items()})
+            total = sum(spent.values()) or 1.0
+            wasted = float(last.get("wasted_gpu_s") or 0.0) - float(first.get("wasted_gpu_s") or 0.0)
+            states = ", ".join(
+                f"{k} {v:.0f} s ({v / total:.0%})" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+            )
+            self._say(
+                f"gpumon: this run on GPU {last['index']}: {states or 'too short to judge'}; "
+                f"{wasted / 3600:.4f} GPU-hours wasted"
+            )
+
+
+def _deltas(before: Any, after: Any) -> dict[str, float]:
+    """Seconds per key spent between two readings of a daemon's counters (half a second or more)."""
+    before, after = before or {}, after or {}
+    out = {k: float(v) - float(before.get(k, 0.0)) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v >= 0.5}
+
+
+def _auth_header() -> dict[str, str]:
+    """GPUMON_BASIC_AUTH=USER:PASSWORD, when the daemon asks for basic auth."""
+    creds = os.environ.get("GPUMON_BASIC_AUTH")
+    if not creds:
+        return {}
+    return {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode()}
+
+
+def watch(**kw: Any) -> Watch:
+    """A started Watch (stop it, or use `with Watch(...)`, to get the summary)."""
+    return Watch(**kw).start()
+
+
+__all__ = ["Watch", "advice", "process_tree", "watch"]

@@ -1,0 +1,234 @@
+"""gpumon's verdict in the training log (gpumon.integrations): against a stub daemon whose state
+the test writes, then end to end with real jobs (Keras bench, a plain PyTorch loop, Lightning)
+driving one `gpumon serve --drive` started for the module."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpumon.integrations import Watch, process_tree
+
+from .conftest import ROOT, free_port, start_serve
+
+# -- a stub daemon ----------------------------------------------------------------------------------
+
+
+class Stub:
+    """Serves whatever `state` holds; `gate`, when set, holds every answer until released."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {"gpus": []}
+        self.gate: threading.Event | None = None
+        self.asked = 0
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                stub.asked += 1
+                if stub.gate is not None:
+                    stub.gate.wait(20)
+                body = json.dumps(stub.state).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def stub() -> Iterator[Stub]:
+    s = Stub()
+    yield s
+    if s.gate is not None:
+        s.gate.set()
+    s.server.shutdown()
+
+
+def gpu(index: int, label: str, pids: list[int], start: float, **kw: Any) -> dict[str, Any]:
+    return {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "label": label,
+        "pids": pids,
+        "evidence": {"duty_cycle": kw.get("duty", 0.38)},
+        "episodes": [{"label": label, "start_unix_s": start, "end_unix_s": None}],
+        "seconds_in_state": kw.get("seconds", {}),
+        "wasted_gpu_s": kw.get("wasted", 0.0),
+    }
+
+
+def test_one_line_per_starvation_episode_of_this_jobs_gpus(stub: Stub) -> None:
+    lines: list[str] = []
+    w = Watch(stub.url, framework="torch", log=lines.append)
+    t0, me, other = time.time(), os.getpid(), 1
+    stub.state = {
+        "time_unix_s": t0 + 50,
+        "gpus": [gpu(0, "starved-cpu", [me], t0 + 5), gpu(1, "starved-io", [other], t0)],
+    }
+    for _ in range(3):
+        w._poll()  # the thread's work, driven by hand
+    tip = "raise DataLoader(num_workers) or cache decoded samples"
+    assert lines == [f"gpumon: GPU 0 starved (cpu) for 45 s, 62% idle: {tip}"]
+    stub.state = {"time_unix_s": t0 + 150, "gpus": [gpu(0, "healthy", [me], t0 + 100)]}
+    w._poll()
+    stub.state = {"time_unix_s": t0 + 250, "gpus": [gpu(0, "starved-io", [me], t0 + 230)]}
+    w._poll()
+    w._poll()
+    assert len(lines) == 2 and lines[1].startswith("gpumon: GPU 0 starved (io) for 20 s")
+
+
+def test_the_previous_jobs_episode_is_not_this_runs(stub: Stub) -> None:
+    """A GPU still judged starved from the job before: said only if it goes on once the detector
+    has had time to judge this run, and then only for this run's part of it."""
+    lines: list[str] = []
+    w = Watch(stub.url, log=lines.append)
+    t0, me = w._started_unix, os.getpid()
+    stub.state = {"time_unix_s": t0 + 5, "gpus": [gpu(0, "starved-cpu", [me], t0 - 600)]}
+    w._poll()
+    assert lines == []
+    stub.state = {"time_unix_s": t0 + 30, "gpus": [gpu(0, "starved-cpu", [me], t0 - 600)]}
+    w._poll()
+    assert len(lines) == 1 and "starved (cpu) for 30 s" in lines[0]
+
+
+def test_a_childs_gpu_is_this_jobs_and_a_stranger_is_not(stub: Stub) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in process_tree(os.getpid())
+        lines: list[str] = []
+        w = Watch(stub.url, framework="keras", log=lines.append)
+        t0 = w._started_unix
+        stub.state = {"time_unix_s": t0 + 20, "gpus": [gpu(3, "starved-cpu", [child.pid], t0 + 1)]}
+        w._poll()
+        assert lines and "GPU 3" in lines[0] and "PyDataset(workers=N" in lines[0]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_summary_counts_only_this_run(stub: Stub) -> None:
+    lines: list[str] = []
+    w = Watch(stub.url, log=lines.append)
+    me = os.getpid()
+    before = {"healthy": 5000.0, "starved": 100.0}
+    stub.state = {"gpus": [gpu(0, "healthy", [me], 0.0, seconds=before, wasted=50.0)]}
+    w.start()
+    deadline = time.monotonic() + 10
+    while stub.asked == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    after = {"healthy": 5080.0, "starved": 145.0}
+    stub.state = {"gpus": [gpu(0, "healthy", [me], 0.0, seconds=after, wasted=77.0)]}
+    w.stop()
+    assert (
+        lines[-1]
+        == "gpumon: this run on GPU 0: healthy 80 s (64%), starved 45 s (36%); 0.0075 GPU-hours wasted"
+    )
+
+
+def test_no_daemon_is_one_line_then_silence() -> None:
+    lines: list[str] = []
+    w = Watch(f"http://127.0.0.1:{free_port()}", log=lines.append)
+    for _ in range(5):
+        w._poll()
+    w.stop()
+    assert len(lines) == 1 and lines[0].startswith("gpumon: no daemon at http://127.0.0.1:")
+
+
+def test_a_hung_daemon_never_holds_up_a_training_step(stub: Stub) -> None:
+    """The callback's per-step hook returns at once while the daemon does not answer: the gate is
+    released only after 10,000 steps have run, so a step that waited would never finish."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported (as gpumon bench does)
+    from gpumon.integrations.keras import GpumonCallback
+
+    stub.gate = threading.Event()
+    cb = GpumonCallback(stub.url, log=lambda line: None)
+    cb.on_train_begin()
+    deadline = time.monotonic() + 10
+    while stub.asked == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stub.asked == 1, "the thread is waiting on the daemon"
+    for n in range(10_000):
+        cb.on_train_batch_end(n)
+    stub.gate.set()
+    cb.on_train_end()
+
+
+# -- end to end: real jobs, one daemon ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    drive = tmp_path_factory.mktemp("drive") / "drive"
+    drive.touch()
+    port = free_port()
+    proc = start_serve("--drive", str(drive), port=port)
+    url = f"http://127.0.0.1:{port}"
+    yield url, drive
+    proc.terminate()
+    proc.wait(10)
+
+
+def job(url: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), GPUMON_URL=url, KERAS_BACKEND="torch"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+STARVED = "gpumon: GPU 0 starved (cpu)"
+
+
+def test_the_keras_bench_job_says_when_it_starves_and_not_when_it_is_fed(driven: tuple[str, Path]) -> None:
+    url, drive = driven
+    common = ["-m", "gpumon", "bench", "--drive", str(drive), "--watch", "--quiet"]
+    fed = job(url, *common, "--pipeline", "fed", "--duration", "22")
+    assert fed.returncode == 0, fed.stderr[-2000:]
+    assert "gpumon: GPU 0 starved" not in fed.stderr, fed.stderr
+    assert "gpumon: this run on GPU 0: healthy" in fed.stderr, fed.stderr
+    starved = job(url, *common, "--pipeline", "starved-cpu", "--duration", "26")
+    assert starved.returncode == 0, starved.stderr[-2000:]
+    said = [ln for ln in starved.stderr.splitlines() if ln.startswith(STARVED)]
+    assert len(said) == 1 and "PyDataset(workers=N, use_multiprocessing=True)" in said[0], starved.stderr
+    summary = [ln for ln in starved.stderr.splitlines() if ln.startswith("gpumon: this run on GPU 0")]
+    assert len(summary) == 1 and "starved-cpu" in summary[0] and "GPU-hours wasted" in summary[0]
+
+
+def test_a_plain_torch_loop_says_so_in_its_starved_phase_only(driven: tuple[str, Path]) -> None:
+    url, drive = driven
+    p = job(url, "tests/jobs/torch_loop.py", str(drive), "20", "26")
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    fed = out.split("== phase fed", 1)[1].split("== phase starved", 1)[0]
+    starved = out.split("== phase starved", 1)[1]
+    assert "starved" not in fed, out
+    assert STARVED in starved and "DataLoader(num_workers)" in starved, out
+    assert "gpumon: this run on GPU 0:" in out.split("== done", 1)[1]
+
+
+def test_the_lightning_callback_says_so_too(driven: tuple[str, Path]) -> None:
+    url, drive = driven
+    p = job(url, "tests/jobs/lightning_loop.py", str(drive), "28")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert STARVED in p.stdout, p.stdout + p.stderr[-2000:]
+    assert "gpumon: this run on GPU 0:" in p.stdout

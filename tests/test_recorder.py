@@ -1,0 +1,308 @@
+"""The daemon's flight recorder (gpumon.recorder): segments, retention, a full or unwritable disk,
+and `gpumon analyze --from` over what it wrote. Time is injected: a virtual clock drives a
+simulated fleet, and the recorder's wall clock starts at a fixed instant."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import logging
+import os
+import threading
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpumon.analysis import analyze_range
+from gpumon.clock import VirtualClock
+from gpumon.errors import OutputError, TraceError
+from gpumon.model import Tick
+from gpumon.pipeline import Pipeline, SourceSpec
+from gpumon.pipeline.sources import simulated
+from gpumon.problems import Problems
+from gpumon.recorder import Recorder, list_segments, segment_start
+from gpumon.sim.fleet import Fleet
+from gpumon.sim.scenarios import parse_scenarios
+from gpumon.trace import TraceWriterV2, read_trace, tick_to_dict
+
+from .conftest import gpumon
+
+EPOCH = datetime.datetime(2026, 11, 29, 22, 0, 0, tzinfo=datetime.UTC).timestamp()
+"""The recorder's wall clock at the simulation's time 0: 22:00 UTC, 'last night'."""
+
+
+def run(
+    directory: Path,
+    seconds: float,
+    scenarios: str = "starved-cpu,healthy",
+    *,
+    keep: list[Tick] | None = None,
+    **recorder_kw: Any,
+) -> Recorder:
+    """A simulated fleet sampled for `seconds` on a virtual clock, recorded into `directory`."""
+    clock = VirtualClock()
+    problems = Problems(logging.getLogger("test"))
+    fleet = Fleet(parse_scenarios(scenarios), None, 0, clock)
+    pipeline = Pipeline(
+        SourceSpec("simulated", scenarios=tuple(scenarios.split(","))),
+        clock,
+        sources=simulated(fleet, {"kind": "simulated", "scenarios": scenarios.split(",")}, problems),
+        problems=problems,
+        attribution=None,
+    )
+    description = {"kind": "simulated", "scenarios": scenarios.split(","), "gpus": len(scenarios.split(","))}
+    rec = Recorder(str(directory), description, 1.0, lambda: EPOCH, block=True, **recorder_kw)
+    rec.start()
+    pipeline.on_tick(rec.submit)
+    if keep is not None:
+        pipeline.on_tick(keep.append)
+    pipeline.run(seconds)
+    rec.close()
+    pipeline.close()
+    return rec
+
+
+def iso(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat()
+
+
+def test_segments_are_aligned_standalone_traces_that_together_hold_every_tick(tmp_path: Path) -> None:
+    ticks: list[Tick] = []
+    rec = run(tmp_path, 330, segment_s=60, keep=ticks)
+    segments = list_segments(str(tmp_path))
+    starts = [s.start_unix_s for s in segments]
+    assert len(segments) == 6  # 22:00:01-22:00:59, then one per minute to 22:05:30
+    assert all(s % 60 == 0 for s in starts[1:]), "segments after the first start on the minute"
+    total = 0
+    for seg in segments:
+        trace = read_trace(seg.path)  # each one alone is a whole trace, ended cleanly
+        assert trace.warnings == [] and trace.end is not None and trace.header["version"] == 2
+        started = trace.header["started_unix_s"]
+        assert all(seg.start_unix_s <= started + t.t_s < seg.start_unix_s + 61 for t in trace.ticks)
+        total += len(trace.ticks)
+    assert total == len(ticks) == 330
+    stats = rec.stats()
+    assert stats.up and stats.segments == 6 and stats.errors == 0 and stats.dropped_ticks == 0
+    assert stats.disk_bytes == sum(s.bytes for s in segments)
+    # read back as one range, the ticks are the ones sampled (moved onto the range's clock)
+    span_a = analyze_range(str(tmp_path), EPOCH, EPOCH + 400)
+    assert span_a.span is not None and span_a.span.ticks == 330 and len(span_a.span.segments) == 6
+
+
+def test_retention_deletes_the_oldest_segments_by_age(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not gpumon's")
+    rec = run(tmp_path, 600, segment_s=60, max_age_s=180)
+    segments = list_segments(str(tmp_path))
+    newest = EPOCH + 600
+    # a segment goes once all its samples are older than 3 minutes (it ends where the next begins),
+    # and not before
+    assert segments[1].start_unix_s >= newest - 180 >= segments[0].start_unix_s
+    assert len(segments) == 5
+    assert (tmp_path / "notes.txt").exists(), "only files named as segments are deleted"
+    assert rec.stats().segments == len(segments)
+    assert rec.stats().oldest_unix_s == segments[0].start_unix_s
+
+
+def test_retention_keeps_the_segments_under_the_size_limit(tmp_path: Path) -> None:
+    rec = run(tmp_path, 900, segment_s=60, max_bytes=50_000)  # (the setting's least is 1 MB)
+    written = rec.stats().bytes_written
+    on_disk = sum(s.bytes for s in list_segments(str(tmp_path)))
+    assert written > 100_000 and 50_000 >= on_disk > 40_000, (written, on_disk)
+    assert rec.stats().disk_bytes == on_disk
+
+
+class _FlakyDisk:
+    """Opens real segment writers whose writes fail with ENOSPC while `full` is set."""
+
+    def __init__(self) -> None:
+        self.full = threading.Event()
+
+    def __call__(self, path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
+        if self.full.is_set():
+            raise OutputError(f"{path}: cannot create: {os.strerror(errno.ENOSPC)}")
+        writer = TraceWriterV2(path, header, origin_s=origin)
+        real = writer.write_tick
+
+        def write_tick(tick: Tick) -> None:
+            if self.full.is_set():
+                writer._out.failed = True  # what a failed write leaves behind
+                raise OutputError(f"{path}: cannot write: {os.strerror(errno.ENOSPC)}")
+            real(tick)
+
+        writer.write_tick = write_tick  # type: ignore[method-assign]
+        return writer
+
+
+def test_a_full_disk_pauses_recording_says_so_once_and_resumes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = _FlakyDisk()
+    clock = VirtualClock()
+    problems = Problems(logging.getLogger("test"))
+    fleet = Fleet(parse_scenarios("healthy"), None, 0, clock)
+    pipeline = Pipeline(
+        SourceSpec("simulated", scenarios=("healthy",)),
+        clock,
+        sources=simulated(fleet, {"kind": "simulated"}, problems),
+        problems=problems,
+        attribution=None,
+    )
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, block=True, open_writer=disk)
+    rec.start()
+    pipeline.on_tick(rec.submit)
+    seen: list[float] = []
+
+    def switch(tick: Tick) -> None:
+        seen.append(tick.t_s)
+        if len(seen) == 100:
+            rec.flush()
+            disk.full.set()  # the disk fills after 100 ticks...
+        if len(seen) == 200:
+            rec.flush()
+            assert not rec.stats().up and "No space left" in (rec.stats().paused_reason or "")
+            disk.full.clear()  # ...and has room again 100 s later
+
+    pipeline.on_tick(switch)
+    with caplog.at_level(logging.INFO, logger="gpumon"):
+        pipeline.run(300)
+        rec.close()
+    pipeline.close()
+    stats = rec.stats()
+    assert stats.up and stats.errors >= 1
+    paused = [r for r in caplog.records if "paused" in r.getMessage()]
+    resumed = [r for r in caplog.records if "resumed" in r.getMessage()]
+    assert len(paused) == 1 and "No space left on device" in paused[0].getMessage()
+    assert len(resumed) == 1
+    segments = list_segments(str(tmp_path))
+    kept = [read_trace(s.path) for s in segments]
+    ticks = sum(len(t.ticks) for t in kept)
+    # everything before the disk filled is kept; after room returns, recording goes on within the
+    # retry period (30 s); nothing written before is lost
+    assert len(kept[0].ticks) == 100
+    assert 300 - 100 - 100 - 31 <= ticks - 100 <= 100
+    assert stats.dropped_ticks == 300 - ticks
+
+
+def test_a_slow_disk_never_holds_up_the_sampler(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def stuck(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
+        release.wait(10)  # the disk hangs on open
+        return TraceWriterV2(path, header, origin_s=origin)
+
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, queue_ticks=5, open_writer=stuck)
+    rec.start()
+    tick = Tick(t_s=1.0, gpus=(), host=None)
+    for i in range(50):  # returns at once every time, though nothing is written
+        rec.submit(Tick(t_s=1.0 + i, gpus=(), host=None))
+    assert rec.stats().dropped_ticks >= 50 - 5 - 1
+    release.set()
+    rec.close()
+    assert tick.t_s == 1.0
+
+
+def test_an_unwritable_directory_is_a_paused_recorder_not_a_dead_daemon(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rec = run(blocker / "recordings", 40)  # a file where a directory should be
+    stats = rec.stats()
+    assert not stats.up and stats.errors >= 1 and "Not a directory" in (stats.paused_reason or "")
+    assert stats.dropped_ticks == 40
+
+
+def test_analyze_from_a_range_reports_the_starved_gpu_in_wall_clock_time(tmp_path: Path) -> None:
+    run(tmp_path, 900, segment_s=300)
+    p = gpumon("analyze", "--from", str(tmp_path), "--since", iso(EPOCH + 300), "--until", iso(EPOCH + 600))
+    assert p.returncode == 0, p.stderr
+    first = p.stdout.splitlines()[0]
+    assert "2 GPU(s)" in first and "from 1 segment(s)" in first and "300 ticks" in first
+    assert "verdict: STARVED-CPU" in p.stdout and "verdict: HEALTHY" in p.stdout
+    assert "11-29 22:05:" in p.stdout, "episode times are wall-clock times"
+    p = gpumon("analyze", "--from", str(tmp_path), "--until", iso(EPOCH + 901), "--gpu", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    import json
+
+    doc = json.loads(p.stdout)
+    assert [g["index"] for g in doc["gpus"]] == [1] and doc["gpus"][0]["verdict"] == "healthy"
+    assert doc["range"]["segments"] == 4 and doc["range"]["ticks"] == 900
+    assert doc["gpus"][0]["verdicts"] == [], "a range keeps no per-tick verdicts"
+    assert doc["gpus"][0]["episodes"][0]["start_unix_s"] >= EPOCH
+
+
+def test_analyze_from_says_what_is_there_when_the_range_is_empty(tmp_path: Path) -> None:
+    run(tmp_path, 120, segment_s=60)
+    p = gpumon("analyze", "--from", str(tmp_path), "--since", iso(EPOCH - 7200), "--until", iso(EPOCH - 3600))
+    assert p.returncode == 4 and "no samples between" in p.stderr and "spans" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    for args, flag in (
+        (["analyze", str(tmp_path / "x"), "--from", str(tmp_path)], "not both"),
+        (["analyze", "x.jsonl", "--since", "1h"], "--from"),
+        (["analyze", "--from", str(tmp_path), "--since", "yesterday"], "--since"),
+        (["analyze", "--from", str(tmp_path / "nope")], "no such directory"),
+    ):
+        p = gpumon(*args)
+        assert p.returncode in (2, 4) and flag in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_analysis_of_a_longer_range_takes_no_more_memory(tmp_path: Path) -> None:
+    run(tmp_path, 4 * 3600, "starved-cpu", segment_s=600)
+
+    def peak(hours: float) -> int:
+        tracemalloc.start()
+        analyze_range(str(tmp_path), EPOCH, EPOCH + hours * 3600)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    short, long = peak(1), peak(4)
+    assert long < 1.3 * short, (short, long)
+
+
+def test_segment_names_round_trip() -> None:
+    from gpumon.recorder import segment_name
+
+    for t in (EPOCH, EPOCH + 3599, 0.0):
+        assert segment_start(segment_name(t)) == float(int(t))
+    assert segment_start(segment_name(EPOCH, 2)) == EPOCH
+    assert segment_start("gpumon-2026.jsonl.gz") is None and segment_start("notes.txt") is None
+
+
+def test_a_torn_segment_reads_up_to_its_last_whole_record(tmp_path: Path) -> None:
+    ticks: list[Tick] = []
+    run(tmp_path, 120, segment_s=3600, keep=ticks)
+    (seg,) = list_segments(str(tmp_path))
+    data = Path(seg.path).read_bytes()
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 9, len(data) - 1):
+        torn = tmp_path / f"torn-{cut}.jsonl.gz"
+        torn.write_bytes(data[:cut])
+        trace = read_trace(str(torn))
+        assert 0 < len(trace.ticks) <= 120
+        assert any("without its end" in w for w in trace.warnings), trace.warnings
+        want = [tick_to_dict(t) for t in read_trace(seg.path).ticks[: len(trace.ticks)]]
+        assert [tick_to_dict(t) for t in trace.ticks] == want
+
+
+def test_a_corrupt_segment_names_the_file_and_byte(tmp_path: Path) -> None:
+    run(tmp_path, 120, segment_s=3600)
+    (seg,) = list_segments(str(tmp_path))
+    data = bytearray(Path(seg.path).read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 8] = b"\xff" * 8
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TraceError) as e:
+        read_trace(str(bad))
+    assert str(bad) in str(e.value) and "byte " in str(e.value)
+
+
+def test_sharing_a_range_among_processes_changes_nothing(tmp_path: Path) -> None:
+    import json
+
+    from gpumon.analysis import to_json
+
+    run(tmp_path, 300, "starved-cpu,healthy,starved-io", segment_s=120)
+    alone = to_json(analyze_range(str(tmp_path), EPOCH, EPOCH + 400, jobs=1))
+    shared = to_json(analyze_range(str(tmp_path), EPOCH, EPOCH + 400, jobs=2))
+    assert json.dumps(alone, sort_keys=True) == json.dumps(shared, sort_keys=True)
+    assert [g["index"] for g in shared["gpus"]] == [0, 1, 2]

@@ -1,0 +1,193 @@
+"""The recorder inside `gpumon serve`: its metrics, what a kill -9 costs, and /api/v1/analysis.
+One daemon for the module, simulated at 20x real time, recording into a temporary directory."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpumon.recorder import list_segments
+from gpumon.trace import read_trace
+
+from .conftest import free_port, start_serve
+
+
+def get(url: str, timeout: float = 60) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_state(url: str, ok, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = json.loads(get(url + "/api/v1/state", 5)[1])
+            if ok(state):
+                return state
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, "the daemon never got there"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    directory = tmp_path_factory.mktemp("recordings")
+    port = free_port()
+    proc = start_serve(
+        "--simulate", "starved-cpu,healthy", "--speed", "20", "--record-dir", str(directory), port=port
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_state(url, lambda s: s.get("ticks", 0) >= 200)
+    yield url, directory
+    proc.terminate()
+    proc.wait(10)
+
+
+def iso(unix_s: float) -> str:
+    from urllib.parse import quote
+
+    return quote(datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat())
+
+
+def test_the_recorder_shows_in_metrics_and_state(daemon: tuple[str, Path]) -> None:
+    url, directory = daemon
+    metrics = get(url + "/metrics")[1].decode()
+    assert "gpumon_recorder_up 1.0" in metrics
+    for name in ("written_bytes_total", "segments", "disk_bytes", "errors_total", "dropped_ticks_total"):
+        assert f"gpumon_recorder_{name}" in metrics
+    state = json.loads(get(url + "/api/v1/state")[1])
+    rec = state["recorder"]
+    assert rec["directory"] == str(directory) and rec["up"] and rec["errors"] == 0
+    assert list_segments(str(directory)), "segments on disk"
+
+
+def test_analysis_over_http_reports_the_starved_gpu(daemon: tuple[str, Path]) -> None:
+    url, _ = daemon
+    rec = json.loads(get(url + "/api/v1/state")[1])["recorder"]
+    since, until = rec["oldest_unix_s"], rec["newest_unix_s"] + 1
+    status, body = get(f"{url}/api/v1/analysis?since={iso(since)}&until={iso(until)}")
+    assert status == 200, body
+    doc = json.loads(body)
+    assert [g["verdict"] for g in doc["gpus"]] == ["starved-cpu", "healthy"]
+    assert doc["range"]["ticks"] >= 200
+    status, body = get(f"{url}/api/v1/analysis?since={iso(since)}&until={iso(until)}&gpu=1")
+    assert status == 200 and [g["index"] for g in json.loads(body)["gpus"]] == [1]
+    plain = datetime.datetime.fromtimestamp(since, datetime.UTC).isoformat()  # '+' left unescaped
+    assert get(f"{url}/api/v1/analysis?since={plain}&until={iso(until)}")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "says"),
+    [
+        ("since=yesterday", 400, "not a time"),
+        ("since=2d&until=now", 400, "not a time"),
+        ("since=3d", 400, "more than 86400 s"),
+        ("colour=red", 400, "unknown parameter"),
+        ("gpu=zero", 400, "gpu"),
+        ("since=2000-01-01T00:00&until=2000-01-01T01:00", 404, "no samples between"),
+    ],
+)
+def test_a_bad_analysis_request_is_one_line_of_json(
+    daemon: tuple[str, Path], query: str, status: int, says: str
+) -> None:
+    url, _ = daemon
+    got, body = get(f"{url}/api/v1/analysis?{query}")
+    assert got == status, body
+    assert says in json.loads(body)["error"]
+
+
+def test_scrapes_go_on_while_an_analysis_runs(daemon: tuple[str, Path]) -> None:
+    import threading
+
+    url, _ = daemon
+    rec = json.loads(get(url + "/api/v1/state")[1])["recorder"]
+    query = f"since={iso(rec['oldest_unix_s'])}&until={iso(rec['newest_unix_s'] + 1)}"
+    results: list[int] = []
+    worker = threading.Thread(target=lambda: results.append(get(f"{url}/api/v1/analysis?{query}")[0]))
+    worker.start()
+    busy = []
+    slowest = 0.0
+    while worker.is_alive():
+        t = time.monotonic()
+        assert get(url + "/metrics", 5)[0] == 200
+        slowest = max(slowest, time.monotonic() - t)
+        busy.append(get(f"{url}/api/v1/analysis?{query}")[0])
+    worker.join()
+    assert results == [200]
+    assert slowest < 1.0, "a scrape never waits for an analysis"
+    assert set(busy) <= {200, 429}
+
+
+def test_kill_9_loses_at_most_the_last_second(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_serve("--simulate", "healthy", "--interval", "0.2", "--record-dir", str(tmp_path), port=port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        state = wait_state(url, lambda s: s.get("ticks", 0) >= 15)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    (seg,) = list_segments(str(tmp_path))
+    trace = read_trace(seg.path)
+    assert trace.end is None and any("without its end" in w for w in trace.warnings)
+    assert len(trace.ticks) >= state["ticks"] - 5, "at most a second of ticks (5 at 0.2 s) lost"
+
+
+def test_simulated_gpus_are_not_recorded_unless_asked(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_serve("--simulate", "healthy", port=port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        state = wait_state(url, lambda s: s.get("ticks", 0) >= 2)
+        assert state["recorder"] is None
+        assert "gpumon_recorder_up" not in get(url + "/metrics")[1].decode()
+        status, body = get(url + "/api/v1/analysis")
+        assert status == 404 and "recorder is off" in json.loads(body)["error"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_serve_runs_for_its_duration_and_ends_its_segment_cleanly(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "serve",
+            "--simulate",
+            "starved-cpu",
+            "--speed",
+            "max",
+            "--duration",
+            "7200",
+            "--record-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+    assert p.returncode == 0, p.stderr
+    segments = list_segments(str(tmp_path))
+    assert 2 <= len(segments) <= 3
+    traces = [read_trace(s.path) for s in segments]
+    assert all(t.end is not None for t in traces) and traces[-1].end["reason"] == "stopped"
+    assert sum(len(t.ticks) for t in traces) == 7200
