@@ -9,7 +9,9 @@ case's truth. Scoring rules:
 - precision / recall / F1 per label (`starved-cpu` is a label of its own, as are the other causes),
   over every GPU-second except the first window + confirmation after the start, and the same span
   after each mid-run transition (that span is what the latency figures measure);
-- latency: seconds from a transition to the first verdict naming the new label;
+- latency: seconds from a transition to the first verdict naming the new label; and, for
+  healthy -> starved changes, to the first verdict whose state is starved (whatever its cause),
+  per sample period (issue 17's onset figure);
 - false starvation alarms: starved episodes on fleets that are never starved (healthy, idle,
   underutilized), per GPU-hour.
 
@@ -37,6 +39,8 @@ class Score:
     confusion: Counter[tuple[str, str]] = field(default_factory=Counter)
     latencies: list[tuple[str, float | None]] = field(default_factory=list)
     """(new label, seconds to flag it or None if never flagged) per transition."""
+    fed_to_starved: list[tuple[float, float | None]] = field(default_factory=list)
+    """(sample period, seconds to the first starved verdict, any cause) per healthy -> starved change."""
     false_alarms: int = 0
     never_starved_gpu_s: float = 0.0
     gpu_seconds: float = 0.0
@@ -77,6 +81,11 @@ def score_case(case: Case, analysis: Analysis, th: Thresholds, score: Score) -> 
         for t_change, label in case.transitions(i):
             flagged = next((v.t_s for v in rep.verdicts if v.t_s >= t_change and v.label == label), None)
             score.latencies.append((label, None if flagged is None else flagged - t_change))
+            if label.startswith("starved") and case.truth(i, t_change - 1.0) == "healthy":
+                state = next(
+                    (v.t_s for v in rep.verdicts if v.t_s >= t_change and v.state == "starved"), None
+                )
+                score.fed_to_starved.append((case.period_s, None if state is None else state - t_change))
         if never:
             score.never_starved_gpu_s += len(rep.verdicts)
             score.false_alarms += sum(1 for e in rep.episodes if e.state == "starved")
@@ -132,6 +141,15 @@ def report(cases: list[Case], score: Score, th: Thresholds, seconds: float) -> s
             f"{statistics.median(starv):.1f} s, p95 {_pct(starv, 0.95):.1f} s (goal <= 10 s), "
             f"never flagged {starv_missed}"
         )
+    for period, name in ((1 / 6, "1/6 s"), (1.0, "1 s")):
+        runs = [x for p, x in score.fed_to_starved if abs(p - period) < 1e-3]
+        got = [x for x in runs if x is not None]
+        if got:
+            lines.append(
+                f"healthy -> starved, state only, at {name} ({len(runs)}): median "
+                f"{statistics.median(got):.1f} s, p95 {_pct(got, 0.95):.1f} s, within 5 s "
+                f"{sum(x <= 5.0 for x in got)}/{len(runs)}"
+            )
     hours = score.never_starved_gpu_s / 3600
     rate = score.false_alarms / hours if hours else 0.0
     lines.append(

@@ -449,6 +449,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
             "mean_duty": e.mean_duty,
             "reason": e.reason,
             "worst_evidence": e.worst,
+            "causes": [{"from_s": t, "cause": c} for t, c in e.causes],
         }
 
     sp = a.span
@@ -517,6 +518,9 @@ class TruthReport:
     skipped: int
     """Windows outside the trace, within the detector's settling time after a job started (its
     window plus confirmation), or only moderately input-bound."""
+    sync_windows: int = 0
+    """Windows of a data-parallel rank blocked in the collective half its time or more."""
+    sync_flagged: int = 0
 
     @property
     def agreement(self) -> float:
@@ -528,13 +532,19 @@ class TruthReport:
             f"({self.agreement:.0%}); highly input-bound flagged starved {self.starved_flagged}/"
             f"{self.starved_windows}; not input-bound left unflagged "
             f"{self.fed_unflagged}/{self.fed_windows}; "
-            f"{self.skipped} not judged (moderately input-bound, settling after a job started, "
+            + (
+                f"waiting in the collective flagged sync-stall {self.sync_flagged}/{self.sync_windows}; "
+                if self.sync_windows
+                else ""
+            )
+            + f"{self.skipped} not judged (moderately input-bound, settling after a job started, "
             "or outside the trace)"
         )
 
 
-TruthWindow = tuple[float, float, str, str]
-"""(start_unix_s, end_unix_s, expected state, pipeline) from `gpumon bench --truth`."""
+TruthWindow = tuple[float, float, str, str, int | None]
+"""(start_unix_s, end_unix_s, expected state, pipeline, GPU or None for the only one) from
+`gpumon bench --truth` (with --gpus, one record per rank, on GPU = rank)."""
 
 
 def read_truth(truth_path: str) -> list[TruthWindow]:
@@ -558,7 +568,10 @@ def read_truth(truth_path: str) -> list[TruthWindow]:
             start, end = float(w["start_unix_s"]), float(w["end_unix_s"])
             if not (math.isfinite(start) and math.isfinite(end)):
                 raise ValueError
-            windows.append((start, end, str(w["expected"]), str(w.get("pipeline", ""))))
+            gpu = w.get("gpu")
+            if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
+                raise ValueError
+            windows.append((start, end, str(w["expected"]), str(w.get("pipeline", "")), gpu))
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
             raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
     if not windows:
@@ -574,31 +587,40 @@ def compare_truth(a: Analysis, truth: str | list[TruthWindow]) -> TruthReport:
     if not isinstance(started, (int, float)):
         raise TraceError(a.path, 1, "the header has no started_unix_s: cannot line up --truth")
     records = read_truth(truth) if isinstance(truth, str) else truth
-    windows = [(s - started, e - started, expected, pipeline) for s, e, expected, pipeline in records]
     settle = a.thresholds.window_s + a.thresholds.confirm_s
-    verdicts = [v for g in a.gpus for v in g.verdicts]
-    first = min((v.t_s for v in verdicts), default=0.0)
+    all_verdicts = [v for g in a.gpus for v in g.verdicts]
+    first = min((v.t_s for v in all_verdicts), default=0.0)
     rep = TruthReport(0, 0, 0, 0, 0, 0, 0)
-    job_start, previous = 0.0, None
-    for start, end, expected, pipeline in windows:
+    job_start: dict[int | None, float] = {}
+    previous: dict[int | None, tuple[float, str]] = {}
+    for s, e, expected, pipeline, gpu in records:
+        start, end = s - started, e - started
+        verdicts = all_verdicts if gpu is None else [v for v in all_verdicts if v.index == gpu]
         # A new job (another pipeline, or a break between windows) starts a settling span: the
         # detector needs its window and confirmation after every change (docs/detector.md).
-        if previous is None or pipeline != previous[1] or start - previous[0] > 2.0:
-            job_start = start
-        previous = (end, pipeline)
-        ready = max(first, job_start) + settle
+        last = previous.get(gpu)
+        if last is None or pipeline != last[1] or start - last[0] > 2.0:
+            job_start[gpu] = start
+        previous[gpu] = (end, pipeline)
+        ready = max(first, job_start[gpu]) + settle
         inside = [v for v in verdicts if start <= v.t_s < end and v.t_s >= ready and v.state != "unknown"]
-        if expected not in ("starved", "healthy") or not inside or end <= ready:
+        if expected not in ("starved", "healthy", "sync-stall") or not inside or end <= ready:
             rep.skipped += 1
             continue
         starved = sum(v.state == "starved" for v in inside) > len(inside) / 2
+        spinning = sum(v.state == "sync-stall" for v in inside) > len(inside) / 2
         rep.judged += 1
         if expected == "starved":
             rep.starved_windows += 1
             rep.starved_flagged += starved
             rep.agreed += starved
+        elif expected == "sync-stall":
+            rep.sync_windows += 1
+            rep.sync_flagged += spinning
+            rep.agreed += spinning
         else:
+            fine = not starved and not spinning
             rep.fed_windows += 1
-            rep.fed_unflagged += not starved
-            rep.agreed += not starved
+            rep.fed_unflagged += fine
+            rep.agreed += fine
     return rep

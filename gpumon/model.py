@@ -98,6 +98,16 @@ class ProcessCpu:
     children: int
     read_bytes_per_s: float | None = None
     """Storage reads of the process tree, when the OS lets us see them."""
+    busiest_demand_ratio: float | None = None
+    """The most CPU any one process of the tree wanted: its on-CPU time plus its time runnable
+    but waiting for a CPU (the run queue, /proc/PID/schedstat), in cores. A loader that gets 0.6
+    of a core on a saturated host and waits for the rest wants 1.0: CPU-bound, though never
+    pinned. None where the kernel does not say (not Linux, hidden processes)."""
+    runq_wait_ratio: float | None = None
+    """The whole tree's time waiting for a CPU, per second (cores' worth)."""
+    blkio_wait_ratio: float | None = None
+    """The whole tree's time waiting for block I/O, per second (/proc/PID/stat delayacct_blkio_ticks);
+    None unless the kernel counts it (sysctl kernel.task_delayacct=1, or the delayacct boot flag)."""
 
 
 @dataclass(frozen=True, slots=True)

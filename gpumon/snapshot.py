@@ -159,4 +159,5 @@ def _episode_json(e: Episode, offset: float) -> dict[str, Any]:
         "wasted_gpu_s": e.wasted_gpu_s,
         "mean_duty": e.mean_duty,
         "reason": e.reason,
+        "causes": [{"from_unix_s": round(t + offset, 3), "cause": c} for t, c in e.causes],
     }

@@ -107,10 +107,21 @@ def host_to_dict(h: HostSample) -> dict[str, Any]:
                 "busiest_child_cpu_ratio": p.busiest_child_cpu_ratio,
                 "children": p.children,
                 "read_bytes_per_s": p.read_bytes_per_s,
+                **_sched_fields(p),
             }
             for p in h.processes
         ],
     }
+
+
+def _sched_fields(p: ProcessCpu) -> dict[str, float]:
+    """Written only where the kernel gave them (added within version 1: older readers ignore them)."""
+    out = {}
+    for key in ("busiest_demand_ratio", "runq_wait_ratio", "blkio_wait_ratio"):
+        value = getattr(p, key)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def tick_to_dict(t: Tick) -> dict[str, Any]:
@@ -413,6 +424,9 @@ def _host(d: Any, t_s: float) -> HostSample | None:
                 busiest_child_cpu_ratio=_num(p, "busiest_child_cpu_ratio") or 0.0,
                 children=_num(p, "children", integer=True) or 0,
                 read_bytes_per_s=_num(p, "read_bytes_per_s"),
+                busiest_demand_ratio=_num(p, "busiest_demand_ratio"),
+                runq_wait_ratio=_num(p, "runq_wait_ratio"),
+                blkio_wait_ratio=_num(p, "blkio_wait_ratio"),
             )
         )
     return HostSample(

@@ -27,6 +27,8 @@ BASE = Evidence(
     mean_burst_s=8.0,
     mean_gap_s=None,
     bursty_quarters=0,
+    change_age_s=None,
+    duty_since_change=None,
     gap_cv=None,
     power_ratio=0.4,
     has_job=True,
@@ -37,6 +39,9 @@ BASE = Evidence(
     busiest_child_cpu_cores=0.2,
     loader_workers=4,
     job_read_bytes_per_s=1e6,
+    job_cpu_demand_cores=None,
+    job_runq_wait_cores=None,
+    job_blkio_wait_s=None,
     host_cpu_ratio=0.2,
     busiest_core_ratio=0.5,
     iowait_ratio=0.0,
@@ -119,6 +124,76 @@ def ev(**kw) -> Evidence:
             ),
             None,
             "underutilized",
+        ),
+        # issue 17: more CPU-bound loaders than cores on a saturated host, reading 40 MB/s from a fast
+        # disk: none pinned (0.6 of a core each) but each wants a whole one (schedstat): cpu, not io
+        (
+            ev(
+                duty_cycle=0.3,
+                bursty_quarters=4,
+                busiest_child_cpu_cores=0.6,
+                main_cpu_cores=0.3,
+                job_cpu_demand_cores=1.0,
+                job_runq_wait_cores=2.4,
+                job_read_bytes_per_s=40e6,
+                host_cpu_ratio=0.995,
+                iowait_ratio=0.005,
+            ),
+            None,
+            "starved-cpu",
+        ),
+        # the same reads and the same busy host, but loaders that want little CPU: storage
+        (
+            ev(
+                duty_cycle=0.3,
+                bursty_quarters=4,
+                busiest_child_cpu_cores=0.1,
+                main_cpu_cores=0.15,
+                job_cpu_demand_cores=0.2,
+                job_runq_wait_cores=0.1,
+                job_read_bytes_per_s=40e6,
+                host_cpu_ratio=0.995,
+                iowait_ratio=0.002,
+            ),
+            None,
+            "starved-io",
+        ),
+        # delayacct on: the loaders wait on block I/O longer than for a CPU: storage, though
+        # contended
+        (
+            ev(
+                duty_cycle=0.3,
+                bursty_quarters=4,
+                busiest_child_cpu_cores=0.5,
+                job_cpu_demand_cores=0.95,
+                job_runq_wait_cores=0.8,
+                job_blkio_wait_s=2.5,
+                job_read_bytes_per_s=40e6,
+                host_cpu_ratio=0.99,
+            ),
+            None,
+            "starved-io",
+        ),
+        # delayacct on, little block I/O wait, contended: CPU
+        (
+            ev(
+                duty_cycle=0.3,
+                bursty_quarters=4,
+                busiest_child_cpu_cores=0.5,
+                job_cpu_demand_cores=0.95,
+                job_runq_wait_cores=1.6,
+                job_blkio_wait_s=0.05,
+                job_read_bytes_per_s=40e6,
+                host_cpu_ratio=0.99,
+            ),
+            None,
+            "starved-cpu",
+        ),
+        # block I/O waits alone (reads hidden or low) point at storage
+        (
+            ev(duty_cycle=0.3, bursty_quarters=4, job_read_bytes_per_s=1e6, job_blkio_wait_s=1.2),
+            None,
+            "starved-io",
         ),
         # hysteresis: 0.78 stays healthy once healthy, and is not healthy coming from below
         (ev(duty_cycle=0.78), "healthy", "healthy"),
@@ -253,6 +328,69 @@ def test_a_change_is_reported_after_confirmation_with_its_true_start() -> None:
     ]  # the start-up wait is backdated
 
 
+def feed_timeline(det: StarvationDetector, util, until_s: float, period: float = 1 / 6):
+    """One verdict per second over a timeline of driver samples, util(t) at each sample time, each
+    window holding the samples of the last window_s seconds (as the sampler gives them)."""
+    out = []
+    n = round(det.thresholds.window_s / period)
+    for t in range(n // 6, int(until_s) + 1):
+        end = round(t / period)
+        values = [util(k * period) for k in range(end - n + 1, end + 1)]
+        w = window(values, period)
+        shift = t - w.t_s
+        w = replace(
+            w,
+            t_s=float(t),
+            gpu=w.gpu._replace(t_s=float(t)),
+            points=tuple(p._replace(t_s=round(p.t_s + shift, 6)) for p in w.points),
+        )
+        out.append(det.feed(w))
+    return out
+
+
+def fed_then_starved(onset: float):
+    """Fed (93%: one sample in six at 60%), then from `onset` bursts and gaps at 25% duty."""
+
+    def util(t: float) -> float:
+        k = round(t * 6)
+        if t < onset:
+            return 0.6 if k % 6 == 5 else 1.0
+        return 1.0 if k % 4 == 0 else 0.0
+
+    return util
+
+
+def test_a_fed_gpu_that_turns_to_bursts_and_gaps_is_flagged_from_the_change() -> None:
+    """Issue 17: the window's fed past does not delay the verdict; the change itself is seen, the
+    confirmation counts from it, and the episode starts there."""
+    det = StarvationDetector()
+    verdicts = feed_timeline(det, fed_then_starved(30.0), 50)
+    first = next(v for v in verdicts if v.state == "starved")
+    assert first.t_s - 30.0 <= 4.0, [(v.t_s, v.raw.label, v.evidence.change_age_s) for v in verdicts[20:]]
+    assert abs(first.since_s - 30.0) <= 0.5
+    assert "fed GPU turned to bursts and gaps" in first.raw.reason
+    assert not any(v.state == "starved" for v in verdicts if v.t_s < 30.0)
+    # the same change judged on the whole window only (the old way) takes longer: the fed past
+    # keeps the window's duty above the line until most of it has gone
+    util = fed_then_starved(30.0)
+    e = gather(window([util(k / 6) for k in range(24 * 6 + 1, 32 * 6 + 1)]), TH)  # the window at 32 s
+    assert e.duty_cycle is not None and e.duty_cycle > TH.fed_duty - TH.hysteresis
+    assert e.change_age_s == pytest.approx(2.0, abs=0.4)
+    assert e.duty_since_change == pytest.approx(0.25, abs=0.05)
+
+
+def test_a_step_down_to_steady_use_or_a_short_dip_is_not_a_change_to_starvation() -> None:
+    steady = feed_timeline(StarvationDetector(), lambda t: 1.0 if t < 30 else 0.3, 50)
+    assert all(v.evidence.change_age_s is None for v in steady)
+    assert not any(v.state == "starved" for v in steady)
+    # two seconds of bursts and gaps inside a fed run: seen (raw), never confirmed
+    dip = fed_then_starved(30.0)
+    det = StarvationDetector()
+    verdicts = feed_timeline(det, lambda t: dip(t) if t < 32.0 else dip(0.0 + t % 1), 50)
+    assert not any(v.state == "starved" for v in verdicts)
+    assert [e.label for e in det.close(50.0)] == ["healthy"]
+
+
 def test_a_blip_shorter_than_confirmation_is_not_an_episode() -> None:
     det = StarvationDetector()
     feed_constant(det, [0.95] * 10 + [0.0] * 2 + [0.95] * 10)
@@ -331,3 +469,36 @@ def test_an_episodes_evidence_comes_from_its_steady_part_not_the_teardown() -> N
     assert e.worst is not None
     assert e.worst["loader_workers"] == 2 and e.worst["busiest_child_cpu_cores"] > 0.8, e.worst
     assert 0.1 < e.worst["duty_cycle"] < 0.5, "a window of the starvation: bursts between gaps"
+
+
+def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_episode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starved job whose cause reads host, then io, then cpu as its workers show up: starved
+    confirm_s after the first starved window all the same; the cause settles inside the episode,
+    each change confirmed, and the episode is named for the cause that held longest."""
+    from gpumon.detector import tracker
+    from gpumon.detector.classify import Classification
+
+    script = (
+        ["healthy"] * 10 + ["starved-host", "starved-io", "starved-host", "starved-io"] + ["starved-cpu"] * 20
+    )
+
+    def scripted(
+        ev: Evidence, th: Thresholds, current: str | None, *a: object, **k: object
+    ) -> Classification:
+        state, _, cause = scripted.labels.pop(0).partition("-")
+        return Classification(state, cause or None, 1.0, f"scripted {state}")
+
+    scripted.labels = list(script)  # type: ignore[attr-defined]
+    monkeypatch.setattr(tracker, "classify", scripted)
+    det = StarvationDetector(Thresholds(confirm_s=3.0))
+    verdicts = feed_constant(det, [0.5] * len(script))
+    first = next(v for v in verdicts if v.state == "starved")
+    assert first.t_s == 14.0 and first.since_s == 11.0, "confirmed 3 s after it began, cause or no cause"
+    cpu = next(v for v in verdicts if v.label == "starved-cpu")
+    assert cpu.t_s == 18.0  # cpu from t=15, held for 3 s
+    (_, starved) = det.close(float(len(script)))
+    assert starved.label == "starved-cpu"
+    assert [c for _, c in starved.causes] == [starved.causes[0][1], "cpu"]
+    assert starved.causes[-1][0] == 15.0

@@ -250,3 +250,128 @@ def test_a_worker_found_late_does_not_bring_its_whole_lifetime_into_one_tick() -
         assert h.processes[0].busiest_child_cpu_ratio == pytest.approx(0.9)
     finally:
         del Proc.create_time  # type: ignore[attr-defined]
+
+
+class FakeProcFs:
+    """What ProcFs reads from /proc, set by the test: schedstat, block I/O delay, births."""
+
+    def __init__(self, ps: FakePsutil) -> None:
+        self.ps = ps
+        self.runq: dict[int, float] = {}
+        self.blkio: dict[int, float] | None = None  # None: the kernel does not count it
+        self.newest = 1000
+        self.calls = 0
+
+    def sched(self, pid: int) -> tuple[float, float] | None:
+        return (self.ps.cpu[pid], self.runq.get(pid, 0.0)) if pid in self.ps.cpu else None
+
+    def blkio_s(self, pid: int) -> float | None:
+        return None if self.blkio is None else self.blkio.get(pid, 0.0)
+
+    def newest_pid(self) -> int | None:
+        return self.newest
+
+    def descendants(self, pid: int) -> list[int] | None:
+        self.calls += 1
+        return list(self.ps.children.get(pid, []))
+
+
+def with_procfs() -> tuple[FakePsutil, FakeProcFs]:
+    ps = FakePsutil()
+    procfs = FakeProcFs(ps)
+    ps.gpumon_procfs = procfs  # type: ignore[attr-defined]
+    return ps, procfs
+
+
+def test_a_contended_loader_wants_a_whole_core_though_it_gets_part_of_one() -> None:
+    ps, procfs = with_procfs()
+    ps.cpu = {100: 0.0, 101: 0.0, 102: 0.0}
+    ps.children = {100: [101, 102]}
+    src = HostSource(ps)
+    src.poll(0.0, [100])
+    for t in (1.0, 2.0):
+        ps.cpu[100] += 0.2
+        for w in (101, 102):
+            ps.cpu[w] += 0.6  # runs 0.6 of a second...
+            procfs.runq[w] = procfs.runq.get(w, 0.0) + 0.4  # ...and waits for a CPU the rest
+        h = src.poll(t, [100])
+    (p,) = h.processes
+    assert p.busiest_child_cpu_ratio == pytest.approx(0.6)
+    assert p.busiest_demand_ratio == pytest.approx(1.0)
+    assert p.runq_wait_ratio == pytest.approx(0.8)
+    assert p.blkio_wait_ratio is None, "the kernel does not count block I/O delay: unknown, not 0"
+    procfs.blkio = {101: 0.0, 102: 0.0}
+    src.poll(3.0, [100])
+    procfs.blkio = {101: 0.7, 102: 0.9}
+    (p,) = src.poll(4.0, [100]).processes
+    assert p.blkio_wait_ratio == pytest.approx(1.6)
+
+
+def test_a_worker_is_found_the_tick_it_is_born_whatever_the_jobs_age() -> None:
+    """A birth anywhere moves /proc/loadavg's newest PID: only then are the job's children looked
+    for (through the cheap children files), so a new worker of an old job shows within a tick."""
+    ps, procfs = with_procfs()
+    ps.cpu = {100: 0.0}
+    src = HostSource(ps, children_rescan_s=5.0)
+    src.poll(0.0, [100])
+    for t in range(1, 120):  # two minutes: the job is old
+        h = src.poll(float(t), [100])
+    looked = procfs.calls
+    assert looked <= 1 + 119 // 5 + 1, "nothing born: looked for only every 5 s"
+    ps.cpu[107] = 0.0
+    ps.children = {100: [107]}
+    procfs.newest = 107
+    ps.cpu[107] += 0.5
+    h = src.poll(120.0, [100])
+    assert h.processes[0].children == 1
+
+
+def test_a_worker_found_late_brings_none_of_its_past_reads() -> None:
+    ps = FakePsutil()
+    ps.cpu = {100: 0.0}
+    born = {105: 10.0}
+
+    def create_time(self) -> float:
+        return born[self.pid]
+
+    Proc.create_time = create_time  # type: ignore[attr-defined]
+    try:
+        src = HostSource(ps, children_rescan_s=5.0)
+        src._wall = lambda: 1_000_000.0  # type: ignore[method-assign]
+        src.poll(0.0, [100])
+        ps.cpu[105] = 40.0
+        ps.read[105] = 9_000_000_000  # 9 GB read over its life, found at the next scan
+        ps.children = {100: [105]}
+        for t in range(1, 6):
+            h = src.poll(float(t), [100])
+        assert h.processes[0].children == 1
+        assert h.processes[0].read_bytes_per_s == 0.0, "its past 9 GB are not this tick's"
+        ps.read[105] += 45_000_000
+        h = src.poll(6.0, [100])
+        assert h.processes[0].read_bytes_per_s == pytest.approx(45e6)
+    finally:
+        del Proc.create_time  # type: ignore[attr-defined]
+
+
+def test_procfs_reads_this_machines_kernel() -> None:
+    """The real /proc: schedstat for a process, its children without scanning /proc, a birth."""
+    import os
+    import subprocess
+    import sys
+
+    from gpumon.sources.host import ProcFs
+
+    procfs = ProcFs()
+    on_cpu, waited = procfs.sched(os.getpid())
+    assert on_cpu > 0 and waited >= 0
+    before = procfs.newest_pid()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
+    try:
+        assert procfs.newest_pid() != before
+        assert child.pid in (procfs.descendants(os.getpid()) or [])
+        with open("/proc/sys/kernel/task_delayacct") as f:
+            counted = f.read().strip() == "1"
+        assert (procfs.blkio_s(child.pid) is None) == (not counted)
+    finally:
+        child.kill()
+        child.wait()

@@ -29,6 +29,9 @@ class Classification:
     confidence: float
     reason: str
     """One line a person can read: why this state."""
+    since_s: float | None = None
+    """How long ago the evidence for this state began, when the window shows the change itself
+    (a fed GPU turning to bursts and gaps): the tracker confirms from then, not from this tick."""
 
     @property
     def label(self) -> str:
@@ -57,6 +60,12 @@ def classify(
     def result(state: str, cause: str | None, confidence: float, reason: str) -> Classification:
         return Classification(state, cause, round(confidence * fill, 3), reason)
 
+    def starved(cause: str | None, confidence: float, reason: str) -> Classification:
+        if ev.change_age_s is None:
+            return result("starved", cause, confidence, reason)
+        reason += f" (since {ev.change_age_s:.1f} s ago, when a fed GPU turned to bursts and gaps)"
+        return Classification("starved", cause, round(confidence * fill, 3), reason, ev.change_age_s)
+
     # Processes can be invisible (another container's PID namespace) while kernels run: a GPU
     # doing work has a job, listed or not. Idle is judged on the recent samples, so a job that
     # just ended shows as idle without waiting for its work to leave the window.
@@ -79,6 +88,11 @@ def classify(
             "not compute (waiting in a collective?)",
         )
     fed = th.fed_duty + (-th.hysteresis if current == "healthy" else th.hysteresis)
+    # A window whose older part was fed and whose newer part has bursts and gaps is judged on the
+    # newer part: a job that starves now is not healthy because it was fed six seconds ago.
+    changed = ev.duty_since_change is not None and ev.change_age_s is not None
+    if changed and ev.duty_since_change is not None:
+        duty = ev.duty_since_change
     if duty >= fed:
         return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time")
 
@@ -92,7 +106,16 @@ def classify(
     host_wide = ev.has_job and not ev.job_seen_on_host
     if host_wide and ev.busiest_core_ratio is not None:
         cpu = cpu or ev.busiest_core_ratio >= th.pinned_core
-    bursty = ev.bursty_quarters >= th.bursty_quarters
+    # A process that wants a whole core but gets part of it (waiting in the run queue on a busy
+    # host) is as CPU-bound as a pinned one: the kernel's schedstat says so, totals cannot.
+    pinned = busiest is not None and busiest >= th.pinned_core
+    demand = ev.job_cpu_demand_cores
+    contended = not pinned and demand is not None and demand >= th.pinned_core
+    blkio = ev.job_blkio_wait_s
+    storage_waits = blkio is not None and blkio >= th.blkio_wait_high
+    if storage_waits and blkio is not None and blkio <= (ev.job_runq_wait_cores or 0.0):
+        storage_waits = False  # waiting for CPU more than for storage
+    bursty = changed or ev.bursty_quarters >= th.bursty_quarters
     if ev.job_read_bytes_per_s is not None:
         io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
             bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
@@ -102,35 +125,42 @@ def classify(
             (ev.iowait_ratio is not None and ev.iowait_ratio >= th.iowait_high)
             or (ev.disk_read_bytes_per_s is not None and ev.disk_read_bytes_per_s >= th.read_bytes_high)
         )
+    io = io or storage_waits
     idle_share = 1 - duty
 
-    if cpu and not (io and (busiest is None or busiest < th.pinned_core)):
+    if contended and not storage_waits:
+        assert demand is not None and busiest is not None
+        return starved(
+            "cpu",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while a job process wants {demand:.0%} of a core "
+            f"(runs {busiest:.0%}, waits for a CPU the rest): the input pipeline is CPU-bound on a busy host",
+        )
+    if cpu and not (io and not pinned):
         who = (
             f"a job process at {busiest:.0%} of a core"
             if busiest is not None and busiest >= th.pinned_core
             else f"host CPU at {ev.host_cpu_ratio or 0:.0%}"
         )
-        return result(
-            "starved",
+        return starved(
             "cpu",
             short,
             f"GPU idle {idle_share:.0%} of the time while {who}: the input pipeline is CPU-bound",
         )
     if io:
-        what = (
-            f"the job reads {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
-            if ev.job_read_bytes_per_s is not None
-            else f"iowait {ev.iowait_ratio or 0:.0%}"
-        )
-        return result(
-            "starved",
+        if storage_waits and blkio is not None:
+            what = f"the job's processes wait on storage {blkio:.1f} s per second, all together"
+        elif ev.job_read_bytes_per_s is not None:
+            what = f"the job reads {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
+        else:
+            what = f"iowait {ev.iowait_ratio or 0:.0%}"
+        return starved(
             "io",
             short,
             f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
         )
     if bursty:
-        return result(
-            "starved",
+        return starved(
             "host",
             short * 0.9,
             f"bursts and gaps (idle {idle_share:.0%}, utilization swinging "

@@ -63,6 +63,10 @@ class Thresholds:
     from a slow or network filesystem at 20 MB/s starves its GPU as surely (the Keras bench's
     starved-io reads at ~40 MB/s). Steady, gap-free use with such reads stays underutilized."""
 
+    blkio_wait_high: float = _limit(0.3, 0.0, 1000.0)
+    """The job's processes together waiting this long for block I/O per second (delayacct, where
+    the kernel counts it) point at storage, unless they wait for a CPU longer still."""
+
     min_points: int = _limit(4, 1, 10000)
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
 

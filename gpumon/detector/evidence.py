@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -44,6 +44,12 @@ class Evidence:
     mean_gap_s: float | None
     bursty_quarters: int
     """How many of the window's four quarters hold both bursts and gaps."""
+    change_age_s: float | None
+    """How long ago the GPU went from fed to bursts and gaps, when the window shows such a change:
+    its older part fed (duty >= fed_duty + hysteresis), its newer part (a quarter of the window or
+    more) with bursts and gaps at a duty at or below fed_duty - hysteresis. None otherwise."""
+    duty_since_change: float | None
+    """The duty cycle since that change: what the GPU does now, not diluted by the fed past."""
     gap_cv: float | None
     """Regularity of the gaps: standard deviation / mean of gap lengths (low: regular, as a
     CPU-bound loader; high: irregular, as storage stalls). None with fewer than two gaps."""
@@ -58,6 +64,13 @@ class Evidence:
     busiest_child_cpu_cores: float | None
     loader_workers: int | None
     job_read_bytes_per_s: float | None
+    job_cpu_demand_cores: float | None
+    """The most CPU one of the job's processes wanted (on-CPU plus waiting for a CPU), in cores."""
+    job_runq_wait_cores: float | None
+    """The job's processes' time waiting for a CPU, per second, all together."""
+    job_blkio_wait_s: float | None
+    """The job's processes' time waiting for block I/O, per second, all together (None unless the
+    kernel counts it: delayacct)."""
     host_cpu_ratio: float | None
     busiest_core_ratio: float | None
     iowait_ratio: float | None
@@ -106,6 +119,17 @@ def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
 _EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
 
 
+def _max_or_none(values: Iterable[float | None]) -> float | None:
+    """The largest, or None if any is unknown."""
+    found = list(values)
+    return None if not found or any(v is None for v in found) else max(v for v in found if v is not None)
+
+
+def _sum_or_none(values: Iterable[float | None]) -> float | None:
+    found = list(values)
+    return None if not found or any(v is None for v in found) else sum(v for v in found if v is not None)
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -121,6 +145,48 @@ def _bursty_quarters(values: list[float], th: Thresholds) -> int:
         if lo <= th.burst_low_util and hi - lo >= th.bursty_spread:
             count += 1
     return count
+
+
+def _fed_then_starved(values: list[float], th: Thresholds) -> tuple[int, float] | None:
+    """Where a fed window turned to bursts and gaps: (index of the first sample after the change,
+    duty since), or None.
+
+    A split qualifies when a quarter of the window or more lies on each side, the older side is
+    fed (duty >= fed_duty + hysteresis) and the newer side starved-looking (<= fed_duty -
+    hysteresis) in its first half as well as in all (so the change is not placed early, in the
+    fed part). Of those, the most significant (the means' difference weighted by
+    sqrt(n_old * n_new / n), as a two-sample z statistic is). Then it must still hold now: the
+    newest eighth of the window (a second by default) below fed_duty, and the newer side, less
+    the two samples at the change, swinging as a bursty quarter does (a step down to steady lower
+    use is no starvation). O(n) per window, from prefix sums."""
+    n = len(values)
+    q = n // 4
+    if q < 4:
+        return None  # too few samples to tell a change from noise
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    total = prefix[-1]
+    fed, starved = th.fed_duty + th.hysteresis, th.fed_duty - th.hysteresis
+    newest = values[-max(2, n // 8) :]
+    if sum(newest) / len(newest) >= th.fed_duty:
+        return None
+    best: tuple[float, int, float] | None = None
+    for k in range(q, n - q + 1):
+        old, new = prefix[k] / k, (total - prefix[k]) / (n - k)
+        half = (k + n) // 2
+        if old >= fed and new <= starved and (prefix[half] - prefix[k]) / (half - k) <= starved:
+            score = (old - new) * math.sqrt(k * (n - k) / n)
+            if best is None or score > best[0]:
+                best = (score, k, new)
+    if best is None:
+        return None
+    _, k, new = best
+    tail = values[k + 2 :]  # not the first two: a driver sample's period may straddle the change
+    lo, hi = min(tail), max(tail)
+    if lo > th.burst_low_util or hi - lo < th.bursty_spread:
+        return None
+    return k, new
 
 
 def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[ProcessCpu]]:
@@ -168,9 +234,12 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
         period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(newest))
     duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
     bursty_quarters = 0
-    recent_duty = None
+    recent_duty = change_age = duty_since_change = None
     if values:
         bursty_quarters = _bursty_quarters(values, th)
+        change = _fed_then_starved(values, th)
+        if change is not None:
+            change_age, duty_since_change = max(0.0, window.t_s - pts[change[0]].t_s), change[1]
         ordered = sorted(values)
         duty = sum(values) / len(values)
         tail = values[len(values) * 3 // 4 :] or values[-1:]
@@ -222,6 +291,8 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
         mean_burst_s=mean_burst,
         mean_gap_s=mean_gap,
         bursty_quarters=bursty_quarters,
+        change_age_s=change_age,
+        duty_since_change=duty_since_change,
         gap_cv=gap_cv,
         power_ratio=_mean(ratios),
         has_job=bool(pids),
@@ -232,6 +303,9 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
         busiest_child_cpu_cores=avg(lambda ps: max(p.busiest_child_cpu_ratio for p in ps)),
         loader_workers=max((sum(p.children for p in ps) for ps in seen), default=None),
         job_read_bytes_per_s=_mean(reads) if len(reads) == len(seen) and seen else None,
+        job_cpu_demand_cores=avg(lambda ps: _max_or_none(p.busiest_demand_ratio for p in ps)),
+        job_runq_wait_cores=avg(lambda ps: _sum_or_none(p.runq_wait_ratio for p in ps)),
+        job_blkio_wait_s=avg(lambda ps: _sum_or_none(p.blkio_wait_ratio for p in ps)),
         host_cpu_ratio=host_avg("cpu_ratio"),
         busiest_core_ratio=host_avg("busiest_core_ratio"),
         iowait_ratio=host_avg("iowait_ratio"),

@@ -21,6 +21,7 @@ class Episode:
     uuid: str
     state: str
     cause: str | None
+    """The cause that held longest in the episode (its label's); `causes` has every change."""
     start_s: float
     end_s: float | None
     """None while it goes on."""
@@ -32,6 +33,9 @@ class Episode:
     a whole window before its end (so never a job's start-up or teardown). An episode too short to
     have one shows the lowest-duty window that agrees with it."""
     reason: str
+    causes: tuple[tuple[float, str | None], ...] = ()
+    """(from when, cause) for each cause the episode had, in order: the state is confirmed on its own,
+    and the cause refines within the episode (host, then cpu, as a job's workers show up)."""
 
     @property
     def label(self) -> str:
@@ -79,6 +83,9 @@ class _Open:
     cause: str | None
     start_s: float
     reason: str
+    causes: list[tuple[float, str | None]] = field(default_factory=list)
+    cause_s: dict[str | None, float] = field(default_factory=dict)
+    """Seconds with each cause: the longest names a closed episode."""
     wasted_gpu_s: float = 0.0
     duty_sum: float = 0.0
     duty_n: int = 0
@@ -110,9 +117,11 @@ class StarvationDetector:
     def __post_init__(self) -> None:
         self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES_KEPT)
         self._open: _Open | None = None
-        self._candidate: tuple[str, str | None] | None = None
+        self._candidate: str | None = None
+        """A state seen but not yet confirmed (the cause does not take part: see feed)."""
         self._candidate_since = 0.0
-        self._candidate_reason = ""
+        self._cause_candidate: str | None = None
+        self._cause_since = 0.0
         self._last_t: float | None = None
         self._index, self._uuid = -1, ""
 
@@ -135,15 +144,30 @@ class StarvationDetector:
             self._open = _Open("unknown", None, t, "starting")
         raw = classify(ev, th, self._open.state, window.gpu.available, expected_points=expected)
         key = (raw.state, raw.cause)
-        current = (self._open.state, self._open.cause)
-        if key == current:
+        op = self._open
+        # The state is confirmed on its own: a starved GPU whose cause reads host, then io, then cpu
+        # while its job's workers show up is starved after confirm_s all the same. The cause then
+        # refines inside the episode, each change confirmed for confirm_s too.
+        if raw.state == op.state:
             self._candidate = None
-            self._open.reason = raw.reason
-        elif self._candidate != key:
-            self._candidate, self._candidate_since, self._candidate_reason = key, t, raw.reason
-        if self._candidate is not None and t - self._candidate_since >= th.confirm_s - 1e-9:
-            self._switch(self._candidate, self._candidate_since, raw.reason)
-            self._candidate = None
+            if raw.cause == op.cause:
+                self._cause_candidate = None
+                op.reason = raw.reason
+            elif self._cause_candidate != raw.cause:
+                self._cause_candidate, self._cause_since = raw.cause, t
+            elif t - self._cause_since >= th.confirm_s - 1e-9:
+                op.cause, op.reason = raw.cause, raw.reason
+                op.causes.append((self._cause_since, raw.cause))
+                self._cause_candidate = None
+        else:
+            if self._candidate != raw.state:
+                # confirmed from when the samples show the change, where the window shows it: the
+                # new behaviour has then been seen confirm_s long, not only this tick's verdict
+                since = t if raw.since_s is None else max(t - raw.since_s, op.start_s)
+                self._candidate, self._candidate_since = raw.state, since
+            if t - self._candidate_since >= th.confirm_s - 1e-9:
+                self._switch((raw.state, raw.cause), self._candidate_since, raw.reason)
+                self._candidate = self._cause_candidate = None
         op = self._open
         self._account(t, ev, agrees=key == (op.state, op.cause))
         confidence = raw.confidence if key == (op.state, op.cause) else round(raw.confidence * 0.5, 3)
@@ -166,7 +190,7 @@ class StarvationDetector:
         old = self._open
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))
-        self._open = _Open(key[0], key[1], since, reason)
+        self._open = _Open(key[0], key[1], since, reason, causes=[(since, key[1])])
         label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
@@ -176,6 +200,7 @@ class StarvationDetector:
         dt = 0.0 if self._last_t is None else min(t - self._last_t, self.thresholds.window_s)
         self._last_t = t
         self.seconds_in_state[op.state] = self.seconds_in_state.get(op.state, 0.0) + dt
+        op.cause_s[op.cause] = op.cause_s.get(op.cause, 0.0) + dt
         if op.cause is not None:
             self.starved_seconds_by_cause[op.cause] = self.starved_seconds_by_cause.get(op.cause, 0.0) + dt
         wasted = dt * waste_share(op.state, ev)
@@ -199,17 +224,19 @@ class StarvationDetector:
                 op.settled = (d, e.as_dict())
 
     def _as_episode(self, op: _Open, end: float | None) -> Episode:
+        cause = max(op.cause_s, key=lambda c: op.cause_s[c]) if len(op.cause_s) > 1 else op.cause
         return Episode(
             index=self._index,
             uuid=self._uuid,
             state=op.state,
-            cause=op.cause,
+            cause=cause,
             start_s=op.start_s,
             end_s=end,
             wasted_gpu_s=round(op.wasted_gpu_s, 3),
             mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
             worst=op.worst,
             reason=op.reason,
+            causes=tuple(op.causes),
         )
 
     def close(self, t_s: float) -> list[Episode]:

@@ -53,14 +53,23 @@ class FakeHost:
         self._disk_read = 0.0
         self._proc_cpu: dict[int, float] = {}
         self._proc_read: dict[int, float] = {}
+        self._proc_runq: dict[int, float] = {}
+        self._proc_blkio: dict[int, float] = {}
+        self._waits: tuple[dict[int, float], dict[int, float], float] = ({}, {}, 0.0)
         self._load = 0.0
+        self.gpumon_procfs = FakeProcFs(self)
+        """What gpumon's host source reads from /proc on Linux (schedstat, delayacct)."""
 
     # -- integration ---------------------------------------------------------------------------
 
     def _loads(self, t: float) -> tuple[dict[int, float], dict[int, float], float]:
-        """Per-pid cores used and read bytes/s, and the host iowait share, at fleet time t."""
+        """Per-pid cores used and read bytes/s, and the host iowait share, at fleet time t (also
+        per-pid run-queue and block I/O waits, and other processes' cores, in self._waits)."""
         cpu: dict[int, float] = {}
         read: dict[int, float] = {}
+        runq: dict[int, float] = {}
+        blkio: dict[int, float] = {}
+        other = 0.0
         iowait = 0.0
         slot = int(t * 4)
         for gpu in self.fleet.gpus:
@@ -77,13 +86,18 @@ class FakeHost:
                 return min(1.0, cores * jitter(key))
 
             cpu[gpu.pid] = load(ph.main_cpu, 0)
+            runq[gpu.pid], blkio[gpu.pid] = ph.main_runq * jitter(97), ph.main_blkio * jitter(96)
             workers = gpu.worker_pids(t)
             for n, pid in enumerate(workers):
                 cpu[pid] = load(ph.worker_cpu, n + 1)
+                runq[pid] = ph.worker_runq * jitter(n + 200)
+                blkio[pid] = ph.worker_blkio * jitter(n + 300)
+            other += ph.other_cores
             readers = workers or [gpu.pid]
             for pid in readers:
                 read[pid] = ph.read_bytes_per_s * jitter(99) / len(readers)
             iowait += ph.iowait * jitter(98)
+        self._waits = (runq, blkio, other)
         return cpu, read, min(0.9, iowait)
 
     def _advance(self) -> None:
@@ -94,11 +108,17 @@ class FakeHost:
         if dt <= 0 or (self._t > 0 and dt < MIN_STEP_S):
             return
         cpu, read, iowait = self._loads(t)
+        runq, blkio, other = self._waits
         core_busy = [BACKGROUND_CORE_LOAD] * self.cores
         freest = [(BACKGROUND_CORE_LOAD, c) for c in range(self.cores)]  # a heap: the freest core first
-        for pid in sorted(cpu, key=lambda p: -cpu[p]):  # greedy: each process to the freest core
+        loads = dict(cpu)
+        whole, part = int(other), other - int(other)  # other work: whole cores, then a part of one
+        loads.update({-1 - n: 1.0 for n in range(whole)})
+        if part:
+            loads[-1 - whole] = part
+        for pid in sorted(loads, key=lambda p: -loads[p]):  # greedy: each process to the freest core
             _, c = heapq.heappop(freest)
-            core_busy[c] = min(1.0, core_busy[c] + cpu[pid])
+            core_busy[c] = min(1.0, core_busy[c] + loads[pid])
             heapq.heappush(freest, (core_busy[c], c))
         for c, busy in enumerate(core_busy):
             io = min(1.0 - busy, iowait)
@@ -109,6 +129,10 @@ class FakeHost:
             acc[3] += dt * io
         for pid, cores in cpu.items():
             self._proc_cpu[pid] = self._proc_cpu.get(pid, 0.0) + cores * dt
+        for pid, wait in runq.items():
+            self._proc_runq[pid] = self._proc_runq.get(pid, 0.0) + wait * dt
+        for pid, wait in blkio.items():
+            self._proc_blkio[pid] = self._proc_blkio.get(pid, 0.0) + wait * dt
         for pid, rate in read.items():
             self._proc_read[pid] = self._proc_read.get(pid, 0.0) + rate * dt
         self._disk_read += (sum(read.values()) + 1e6) * dt
@@ -178,3 +202,29 @@ class FakeProcess:
             if gpu.pid == self.pid:
                 return [FakeProcess(self._host, p) for p in gpu.worker_pids(t)]
         return []
+
+
+class FakeProcFs:
+    """gpumon.sources.host.ProcFs over the simulated host: run-queue and block I/O waits as the
+    scenario's phase sets them (the simulated kernel counts block I/O delay)."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self._host = host
+
+    def sched(self, pid: int) -> tuple[float, float] | None:
+        if not self._host._alive(pid):
+            return None
+        self._host._advance()
+        return self._host._proc_cpu.get(pid, 0.0), self._host._proc_runq.get(pid, 0.0)
+
+    def blkio_s(self, pid: int) -> float | None:
+        if not self._host._alive(pid):
+            return None
+        self._host._advance()
+        return self._host._proc_blkio.get(pid, 0.0)
+
+    def newest_pid(self) -> int | None:
+        return None  # cannot tell: the host source looks for workers every tick (they are cheap here)
+
+    def descendants(self, pid: int) -> list[int] | None:
+        return None  # the look-alike's Process.children answers instead

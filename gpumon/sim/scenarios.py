@@ -43,6 +43,15 @@ class Phase:
     iowait: float = 0.01
     """This job's contribution to host iowait (share of all CPU time)."""
     read_bytes_per_s: float = 20e6
+    main_runq: float = 0.0
+    worker_runq: float = 0.0
+    """Time runnable but waiting for a CPU, per second, of the main process and of each worker: a
+    CPU-bound loader on a saturated host runs part of each second and waits the rest."""
+    main_blkio: float = 0.0
+    worker_blkio: float = 0.0
+    """Time waiting for block I/O, per second (what delayacct counts)."""
+    other_cores: float = 0.0
+    """Cores kept busy by other processes on the host (contention: not the job's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +153,37 @@ UNDERUTILIZED = Phase(
     read_bytes_per_s=2e6,
 )
 
+STARVED_CPU_CONTENDED = Phase(
+    compute_s=0.06,
+    wait_s=0.19,
+    jitter=0.15,
+    main_cpu=0.3,
+    workers=6,
+    worker_cpu=0.6,
+    worker_runq=0.4,
+    iowait=0.005,
+    read_bytes_per_s=40e6,
+    other_cores=4.6,
+)
+"""More JPEG-decoding loaders than cores on a host busy with other work: each gets 0.6 of a core and
+waits for the rest, none is ever pinned, and they read 40 MB/s from a fast disk (issue 17)."""
+STARVED_IO_CONTENDED = Phase(
+    compute_s=0.06,
+    wait_s=0.2,
+    jitter=0.4,
+    long_gap_p=0.3,
+    main_cpu=0.15,
+    workers=4,
+    worker_cpu=0.08,
+    worker_runq=0.03,
+    worker_blkio=0.8,
+    iowait=0.002,
+    read_bytes_per_s=40e6,
+    other_cores=7.2,
+)
+"""Loaders waiting on a slow disk while other work saturates the CPUs: iowait near 0 (the CPUs are
+busy, not idle), the reads as modest as the contended CPU-bound case's."""
+
 SWITCH_S = 30.0
 """When `healthy-then-starved` turns starved, in seconds from the start of the run."""
 
@@ -188,6 +228,18 @@ SCENARIOS: dict[str, Scenario] = {
             "ranks spinning in a collective: ~100% utilization at idle-level power",
             SYNC_STALL,
             "sync-stall",
+        ),
+        _one(
+            "starved-cpu-contended",
+            "more CPU-bound loaders than cores on a busy host, reading 40 MB/s: each waits for a CPU",
+            STARVED_CPU_CONTENDED,
+            "starved-cpu",
+        ),
+        _one(
+            "starved-io-contended",
+            "loaders waiting on storage on a host whose CPUs other work keeps busy",
+            STARVED_IO_CONTENDED,
+            "starved-io",
         ),
         _one(
             "underutilized",

@@ -84,28 +84,121 @@ def rate(prev: float | None, cur: float | None, dt_s: float) -> float | None:
 
 
 CHILDREN_RESCAN_S = 5.0
-"""How often the descendants of a GPU process are looked for. Finding them scans every process
-in /proc (the costliest thing the host source does); loader workers live long, so between scans
-only the known ones are read. A worker born in between is counted from the next scan."""
+"""How often the descendants of a GPU process are looked for when nothing says a process was born.
+Where /proc tells (Linux: the newest PID in /proc/loadavg), a birth anywhere on the host triggers a
+look at once, through the cheap /proc/PID/task/TID/children files: a loader worker is found within
+the tick it appears, whatever the job's age."""
 
 
 YOUNG_TREE_S = 30.0
-"""A job's loader workers usually start some seconds after the job (after the model is built): for
-this long after a GPU process is first seen, it is rescanned every tick until workers show up."""
+"""Without /proc to say when a process is born: for this long after a GPU process is first seen,
+it is rescanned every tick until workers show up."""
+
+
+@dataclass
+class _Counts:
+    """Cumulative counters of one process, as last read (None: not available)."""
+
+    cpu_s: float
+    read_b: int | None
+    runq_s: float | None
+    blkio_s: float | None
 
 
 @dataclass
 class _Tree:
     proc: Any
     name: str
-    cpu_s: float
-    children_cpu_s: dict[int, float] = field(default_factory=dict)
-    read_bytes: int | None = None
+    counts: dict[int, _Counts] = field(default_factory=dict)
+    """The GPU process and each descendant, by PID."""
     children: list[Any] = field(default_factory=list)
     scanned_t_s: float = float("-inf")
     born_before: dict[int, bool] = field(default_factory=dict)
-    first_t_s: float = 0.0
     """Per child found by the last scan: whether it existed before the previous tick."""
+    first_t_s: float = 0.0
+
+
+class ProcFs:
+    """What psutil does not read, from /proc: each process's run-queue wait (schedstat) and
+    block I/O delay (delayacct), whether a process was born, and a process's children."""
+
+    DELAYACCT_RECHECK_S = 60.0
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root
+        self._tck = float(os.sysconf("SC_CLK_TCK"))
+        self._delayacct = False
+        self._checked = -float("inf")
+
+    def sched(self, pid: int) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds runnable but waiting for one) since the process began."""
+        try:
+            with open(f"{self.root}/{pid}/schedstat", "rb") as f:
+                on_ns, wait_ns, _ = f.read().split(maxsplit=2)
+            return int(on_ns) / 1e9, int(wait_ns) / 1e9
+        except (OSError, ValueError):
+            return None
+
+    def delayacct(self) -> bool:
+        """Whether the kernel counts block I/O delay per task (kernel.task_delayacct)."""
+        now = time.monotonic()
+        if now - self._checked >= self.DELAYACCT_RECHECK_S:
+            self._checked = now
+            try:
+                with open(f"{self.root}/sys/kernel/task_delayacct", "rb") as f:
+                    self._delayacct = f.read().strip() == b"1"
+            except OSError:
+                self._delayacct = False
+        return self._delayacct
+
+    def blkio_s(self, pid: int) -> float | None:
+        """Seconds the process waited for block I/O (stat field 42), when the kernel counts it."""
+        if not self.delayacct():
+            return None
+        try:
+            with open(f"{self.root}/{pid}/stat", "rb") as f:
+                stat = f.read()
+            return int(stat[stat.rfind(b")") + 2 :].split()[39]) / self._tck
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def newest_pid(self) -> int | None:
+        """The PID most recently handed out on the host (/proc/loadavg): it changes when any process
+        is born (namespaced PIDs aside)."""
+        try:
+            with open(f"{self.root}/loadavg", "rb") as f:
+                return int(f.read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def descendants(self, pid: int) -> list[int] | None:
+        """Every descendant's PID, from the children files of each thread (no scan of /proc); None
+        where the kernel has no such files."""
+        out: list[int] = []
+        todo = [pid]
+        first = True
+        while todo:
+            current = todo.pop()
+            try:
+                tids = os.listdir(f"{self.root}/{current}/task")
+            except OSError:
+                if first:
+                    return None
+                continue
+            for tid in tids:
+                try:
+                    with open(f"{self.root}/{current}/task/{tid}/children", "rb") as f:
+                        kids = [int(x) for x in f.read().split()]
+                except FileNotFoundError:
+                    if first:
+                        return None
+                    continue
+                except (OSError, ValueError):
+                    continue
+                out += kids
+                todo += kids
+            first = False
+        return out
 
 
 DISKSTATS = "/proc/diskstats"
@@ -173,8 +266,20 @@ class HostSource:
         real = getattr(psutil, "__name__", "") == "psutil" and os.path.exists(DISKSTATS)
         self._diskstats = DiskStats(DISKSTATS) if real else None
         self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
+        # run-queue and I/O delay per process: from /proc on Linux, from the simulator's host in a
+        # simulation (it models them), else not at all
+        self._procfs: Any = getattr(psutil, "gpumon_procfs", None) or (
+            ProcFs() if real and os.path.exists("/proc/self/schedstat") else None
+        )
+        self._newest_pid: int | None = None
+        self._born = True
+        """A process was born on the host since the last tick (or we cannot tell)."""
 
     def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
+        if self._procfs is not None:
+            newest = self._procfs.newest_pid()
+            self._born = newest is None or newest != self._newest_pid
+            self._newest_pid = newest
         cur_cpu = list(self._ps.cpu_times(percpu=True))
         disk = self._read_disk()
         procs = self._processes(sorted(set(gpu_pids)), t_s)
@@ -236,57 +341,106 @@ class HostSource:
         tree = self._trees.get(pid)
         if tree is None:
             proc = self._ps.Process(pid)
-            tree = _Tree(proc=proc, name=proc.name(), cpu_s=_cpu_s(proc), first_t_s=t_s)
-            tree.children_cpu_s, tree.read_bytes = self._snapshot(tree, t_s)
+            tree = _Tree(proc=proc, name=proc.name(), first_t_s=t_s)
+            self._rescan(tree, t_s)
+            tree.counts = self._read_tree(tree)
             self._trees[pid] = tree
             return None  # baseline
-        cpu_s = _cpu_s(tree.proc)
-        children, read_bytes = self._snapshot(tree, t_s)
-        # A child first seen now counts in full only if it was born during the tick; one found late
-        # (children are looked for every few seconds) would bring its whole lifetime into one tick.
-        born_before = tree.born_before
-        deltas = [
-            max(0.0, c - tree.children_cpu_s.get(cpid, c if born_before.get(cpid) else 0.0))
-            for cpid, c in children.items()
-        ]
-        main = max(0.0, cpu_s - tree.cpu_s)
-        read_rate = rate(tree.read_bytes, read_bytes, dt)
-        tree.cpu_s, tree.children_cpu_s, tree.read_bytes = cpu_s, children, read_bytes
-        if dt <= 0:
+        if self._should_rescan(tree, t_s):
+            self._rescan(tree, t_s)
+        counts = self._read_tree(tree)
+        prev, born_before = tree.counts, tree.born_before
+        tree.counts = counts
+        if dt <= 0 or pid not in counts:
             return None
+
+        def delta(key: int, attr: str) -> float | None:
+            """What a process did this tick. A child first seen now counts in full only if it was
+            born during the tick; one found late would bring its whole life into one tick."""
+            cur = getattr(counts[key], attr)
+            if cur is None:
+                return None
+            old = prev.get(key)
+            if old is None:
+                return 0.0 if key != pid and born_before.get(key) else float(cur)
+            before = getattr(old, attr)
+            return max(0.0, cur - before) if before is not None else 0.0
+
+        kids = [c for c in counts if c != pid]
+        cpu = {k: delta(k, "cpu_s") or 0.0 for k in counts}
+        runq = {k: delta(k, "runq_s") for k in counts}
+        reads = [delta(k, "read_b") for k in counts]
+        blkio = [delta(k, "blkio_s") for k in counts]
+        child_cpu = [cpu[k] for k in kids]
+        has_runq = all(v is not None for v in runq.values())
+        demand = max((cpu[k] + (runq[k] or 0.0)) for k in counts) if has_runq else None
         return ProcessCpu(
             pid=pid,
             name=tree.name,
-            cpu_ratio=round(main / dt, 4),
-            children_cpu_ratio=round(sum(deltas) / dt, 4),
-            busiest_child_cpu_ratio=round(max(deltas, default=0.0) / dt, 4),
-            children=len(children),
-            read_bytes_per_s=_round(read_rate),
+            cpu_ratio=round(cpu[pid] / dt, 4),
+            children_cpu_ratio=round(sum(child_cpu) / dt, 4),
+            busiest_child_cpu_ratio=round(max(child_cpu, default=0.0) / dt, 4),
+            children=len(kids),
+            read_bytes_per_s=None if any(r is None for r in reads) else _round(sum(reads) / dt),  # type: ignore[arg-type]
+            busiest_demand_ratio=None if demand is None else round(demand / dt, 4),
+            runq_wait_ratio=round(sum(v or 0.0 for v in runq.values()) / dt, 4) if has_runq else None,
+            blkio_wait_ratio=None if any(b is None for b in blkio) else round(sum(blkio) / dt, 4),  # type: ignore[arg-type]
         )
 
-    def _snapshot(self, tree: _Tree, t_s: float) -> tuple[dict[int, float], int | None]:
-        """CPU seconds of each descendant, and read bytes of the whole tree (None if hidden)."""
-        young_and_alone = not tree.children and t_s - tree.first_t_s < YOUNG_TREE_S
-        if t_s - tree.scanned_t_s >= self._rescan_s or young_and_alone:
-            known = set(tree.children_cpu_s)
+    def _should_rescan(self, tree: _Tree, t_s: float) -> bool:
+        if t_s - tree.scanned_t_s >= self._rescan_s:
+            return True
+        if self._procfs is not None:
+            return self._born  # a process was born somewhere: is it one of ours?
+        return not tree.children and t_s - tree.first_t_s < YOUNG_TREE_S
+
+    def _rescan(self, tree: _Tree, t_s: float) -> None:
+        known = set(tree.counts)
+        found = self._procfs.descendants(int(tree.proc.pid)) if self._procfs is not None else None
+        if found is None:
             tree.children = tree.proc.children(recursive=True)
-            tree.born_before = {
-                int(c.pid): self._older_than_last_tick(c) for c in tree.children if int(c.pid) not in known
-            }
-            tree.scanned_t_s = t_s
-        cpu: dict[int, float] = {}
-        read_bytes: int | None = self._io_read(tree.proc)
+        else:
+            by_pid = {int(c.pid): c for c in tree.children}
+            tree.children = []
+            for cpid in found:
+                child = by_pid.get(cpid)
+                if child is None:
+                    try:
+                        child = self._ps.Process(cpid)
+                    except self._gone:
+                        continue
+                tree.children.append(child)
+        tree.born_before = {
+            int(c.pid): self._older_than_last_tick(c) for c in tree.children if int(c.pid) not in known
+        }
+        tree.scanned_t_s = t_s
+
+    def _read_tree(self, tree: _Tree) -> dict[int, _Counts]:
+        """The counters of the GPU process and its live descendants (the exited are dropped)."""
+        out: dict[int, _Counts] = {}
         alive = []
-        for child in tree.children:
+        for n, proc in enumerate([tree.proc, *tree.children]):
             try:
-                cpu[int(child.pid)] = _cpu_s(child)
-                child_read = self._io_read(child) if read_bytes is not None else None
+                counts = self._counts(proc)
             except self._gone:
-                continue  # exited: dropped from the list below
-            alive.append(child)
-            read_bytes = None if child_read is None else read_bytes + child_read  # type: ignore[operator]
+                if n == 0:
+                    raise
+                continue
+            if n:
+                alive.append(proc)
+            out[int(proc.pid)] = counts
         tree.children = alive
-        return cpu, read_bytes
+        return out
+
+    def _counts(self, proc: Any) -> _Counts:
+        pid = int(proc.pid)
+        sched = self._procfs.sched(pid) if self._procfs is not None else None
+        return _Counts(
+            cpu_s=_cpu_s(proc),
+            read_b=self._io_read(proc),
+            runq_s=sched[1] if sched is not None else None,
+            blkio_s=self._procfs.blkio_s(pid) if self._procfs is not None else None,
+        )
 
     def _older_than_last_tick(self, child: Any) -> bool:
         """Whether the child was born before the previous poll (psutil's create_time, wall clock)."""
