@@ -38,3 +38,18 @@ echo "== gpumon analyze"
 g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl" --plot "$OUT/gpu-check.png" || \
   g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl"
 echo "== ground truth windows"; cat "$OUT/truth.jsonl"
+echo "== data-parallel ranks (issue 18)"
+ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if [ "${ngpu:-0}" -ge 2 ]; then
+  echo "-- $ngpu GPUs: 2 ranks (torchrun, NCCL), rank 1 starved, recorded on the real GPUs"
+  g record --duration 75 -o "$OUT/ranks-trace.jsonl" --force &
+  rec=$!
+  sleep 3
+  g bench --gpus 2 --straggler 1:starved-cpu --duration 60 --truth "$OUT/ranks-truth.jsonl" --quiet \
+    || echo "gpu_check: bench --gpus 2 failed"
+  wait $rec
+  g analyze "$OUT/ranks-trace.jsonl" --truth "$OUT/ranks-truth.jsonl"
+else
+  echo "-- one GPU here: the 2-rank run (torchrun + NCCL, one GPU per rank) needs two; skipped."
+  echo "   (tests/test_bench.py runs it with gloo ranks on CPUs, driving simulated GPUs)"
+fi

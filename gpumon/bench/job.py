@@ -5,6 +5,13 @@ Input pipelines (--pipeline):
   fed          a PyDataset with process workers and cheap preprocessing
   starved-cpu  heavy per-sample Python augmentation in one worker process (it pins one core)
   starved-io   samples read from files through a throttled reader (a thread waiting on "storage")
+  jpeg         JPEG files read from storage (dropped from the page cache first) and decoded and
+               augmented with PIL in --workers processes: with more workers than cores, or
+               --cpu-hogs beside it, each worker gets part of a core and waits for the rest
+--cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
+--starve-after S makes the change inside one run: the job trains fed for S seconds, then the same
+  job's loader switches to --pipeline (with the same worker processes) and the --cpu-hogs start;
+  the drive file marks the moment ("# switch T"), the truth windows break there.
 A callback measures, per step, the time waiting for input (from the end of a step to the start
 of the next) and the time computing (the step itself), and writes:
   --truth FILE  a labeled timeline: per window, the input-bound share of step time, banded as
@@ -53,8 +60,16 @@ class BenchOptions:
     verbose: int = 1
     io_mb_per_s: float = 60.0
     file_mb: float = 16.0
+    cpu_hogs: int = 0
+    """CPU-bound processes run beside the job (a busy host)."""
+    jpeg_files: int = 256
     watch: str | None = None
     """Report gpumon's verdict in the log (gpumon.integrations.keras): the daemon's URL ("": default)."""
+    devices: int | None = None
+    """JAX only: train data-parallel over this many devices (keras.distribution.DataParallel); on
+    a machine without GPUs, as many CPU devices (XLA_FLAGS must ask for them before JAX starts)."""
+    starve_after_s: float | None = None
+    """Train fed this long, then switch the same job to `pipeline` (and start the CPU hogs then)."""
 
 
 def _batch(index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,12 +97,15 @@ class FedData(keras.utils.PyDataset):
 class CpuHeavyData(FedData):
     """Per-sample augmentation in pure Python, in a single worker: the loader pins a core."""
 
+    passes = 3
+    """Python passes over every pixel of every sample: the loader's cost per sample."""
+
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = _batch(i, self.batch_size)
         out = np.empty(x.shape, dtype="float32")
-        for n in range(x.shape[0]):  # deliberately slow: Python loops over every pixel, three passes
+        for n in range(x.shape[0]):  # deliberately slow: Python loops over every pixel
             img = x[n].tolist()
-            for k in range(3):
+            for k in range(self.passes):
                 jitter = (i * 7 + n + k) % 5
                 img = [[[min(255, v + jitter) for v in px] for px in row] for row in img]
             out[n] = np.asarray(img, dtype="float32") / 255.0
@@ -123,12 +141,76 @@ class ThrottledFileData(FedData):
         return data["x"].astype("float32") / 255.0, data["y"]
 
 
+def _write_jpegs(folder: str, count: int) -> None:
+    """Photo-like 640x480 JPEGs (smooth gradients and noise, ~170 KB each), a little larger than
+    ImageNet's average (~400x350, ~110 KB)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    h, w = 480, 640
+    yy, xx = np.mgrid[0:h, 0:w]
+    for i in range(count):
+        base = (np.sin(xx / (20 + i % 17)) + np.cos(yy / (15 + i % 11))) * 60 + 128
+        img = np.stack([base + rng.normal(0, 25, (h, w)) for _ in range(3)], axis=-1)
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+            os.path.join(folder, f"img-{i:05d}.jpg"), quality=90
+        )
+
+
+class JpegData(FedData):
+    """An ImageNet-style loader: each sample a JPEG read from storage (dropped from the page cache
+    first, so the reads are real) and decoded, cropped, resized and flipped with PIL."""
+
+    def __init__(self, batch_size: int, batches: int, folder: str, files: int, **kw: object) -> None:
+        super().__init__(batch_size, batches, **kw)
+        self.folder, self.files = folder, files
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        from PIL import Image, ImageEnhance, ImageOps
+
+        out = np.empty((self.batch_size, *IMAGE), dtype="float32")
+        for n in range(self.batch_size):
+            path = os.path.join(self.folder, f"img-{(i * self.batch_size + n) % self.files:05d}.jpg")
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    img = Image.open(io.BytesIO(f.read())).convert("RGB")
+            finally:
+                os.close(fd)
+            # torchvision's usual training transforms: a crop resized to 224, a flip, colour jitter
+            img = ImageOps.fit(img, (224, 224)).rotate((i + n) % 15)
+            if (i + n) % 2:
+                img = ImageOps.mirror(img)
+            jitter = 0.8 + 0.05 * ((i + n) % 9)
+            img = ImageEnhance.Contrast(ImageEnhance.Brightness(img).enhance(jitter)).enhance(2 - jitter)
+            img = ImageEnhance.Color(img).enhance(jitter)
+            out[n] = np.asarray(img.resize(IMAGE[:2]), dtype="float32") / 255.0
+        return out, np.arange(self.batch_size) % CLASSES
+
+
+class SwitchingData(FedData):
+    """Fed until a moment (CLOCK_MONOTONIC, the same in the loader's worker processes), then the
+    starved pipeline's batches: one job whose input changes under it."""
+
+    def __init__(self, fed: FedData, starved: FedData, switch_at: float, **kw: object) -> None:
+        super().__init__(fed.batch_size, fed.batches, **kw)
+        self.fed, self.starved, self.switch_at = fed, starved, switch_at
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.starved if time.monotonic() >= self.switch_at else self.fed)[i]
+
+
 class StepTimer(keras.callbacks.Callback):
     """Per step: input wait (end of the previous step to the start of this one) and compute."""
 
-    def __init__(self, opts: BenchOptions, stop_at: float) -> None:
+    def __init__(self, opts: BenchOptions, stop_at: float, switch_at: float | None = None) -> None:
         super().__init__()
-        self.opts, self.stop_at = opts, stop_at
+        self.opts, self.stop_at, self.switch_at = opts, stop_at, switch_at
+        self.hogs: list[int] = []
+        self.pipeline = "fed" if switch_at is not None else opts.pipeline
+        """The pipeline feeding the job now (truth windows name it)."""
         self.prev_end: float | None = None
         self.begin = 0.0
         self.window: list[tuple[float, float]] = []  # (wait, busy)
@@ -142,6 +224,23 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
         self.begin = time.monotonic()
+        if self._drive:  # busy from now: a driver sample read before the step ends counts it
+            self._drive.write(f"{self.begin:.6f} -\n")
+            self._drive.flush()
+        if self.switch_at is not None and self.begin >= self.switch_at:
+            self._switch(self.switch_at)
+
+    def _switch(self, at: float) -> None:
+        """The input pipeline has changed: the truth window breaks here, the drive file says when,
+        and the neighbours' CPU-bound processes start."""
+        self.switch_at = None
+        if self.window:
+            self._close_window(at)
+        self.window_start, self.pipeline = at, self.opts.pipeline
+        if self._drive:
+            self._drive.write(f"# switch {at:.6f}\n")
+            self._drive.flush()
+        self.hogs = _start_hogs(self.opts.cpu_hogs)
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
         end = time.monotonic()
@@ -170,7 +269,7 @@ class StepTimer(keras.callbacks.Callback):
                 "input_share": round(share, 4),
                 "band": band,
                 "steps": len(self.window),
-                "pipeline": self.opts.pipeline,
+                "pipeline": self.pipeline,
                 "expected": "starved" if band == "highly" else ("healthy" if band == "not" else "either"),
             }
             self._truth.write(json.dumps(record) + "\n")
@@ -178,9 +277,39 @@ class StepTimer(keras.callbacks.Callback):
         self.window, self.window_start = [], now
 
     def close(self) -> None:
+        _stop_hogs(self.hogs)
         for f in (self._drive, self._truth):
             if f:
                 f.close()
+
+
+def _start_hogs(n: int) -> list[int]:
+    """Other work on the host: N processes that each keep a core busy. Started through a shell that
+    exits at once, so they are not the job's descendants (gpumon would count those as its loader
+    workers): neighbours, as other users' jobs are. Their PIDs, for _stop_hogs."""
+    import subprocess
+    import sys
+
+    pids = []
+    for _ in range(n):
+        out = subprocess.run(
+            ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        pids.append(int(out.strip()))
+    return pids
+
+
+def _stop_hogs(pids: list[int]) -> None:
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def build_model() -> keras.Model:
@@ -212,21 +341,30 @@ def _leave_cores_for_the_input_pipeline() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
-def run(opts: BenchOptions) -> dict[str, float]:
-    gpus = _devices()
-    if gpus == 1:
-        _leave_cores_for_the_input_pipeline()
-    # The seed's rules: the global batch a multiple of the GPU count, every batch full.
-    batch = max(gpus, opts.batch_size // gpus * gpus)
-    batches = opts.steps_per_epoch
+def make_data(
+    opts: BenchOptions, pipeline: str, batch: int, batches: int
+) -> tuple[FedData, tempfile.TemporaryDirectory[str] | None]:
+    """The input pipeline, and the folder holding its files (the caller cleans it up)."""
     tmp = None
-    if opts.pipeline == "fed":
+    if pipeline == "fed":
         data: FedData = FedData(
             batch, batches, workers=opts.workers, use_multiprocessing=True, max_queue_size=8
         )
-    elif opts.pipeline == "starved-cpu":
+    elif pipeline == "starved-cpu":
         data = CpuHeavyData(batch, batches, workers=1, use_multiprocessing=True, max_queue_size=2)
-    elif opts.pipeline == "starved-io":
+    elif pipeline == "jpeg":
+        tmp = tempfile.TemporaryDirectory(prefix="gpumon-bench-jpeg-")
+        _write_jpegs(tmp.name, opts.jpeg_files)
+        data = JpegData(
+            batch,
+            batches,
+            tmp.name,
+            opts.jpeg_files,
+            workers=opts.workers,
+            use_multiprocessing=True,
+            max_queue_size=4,
+        )
+    elif pipeline == "starved-io":
         tmp = tempfile.TemporaryDirectory(prefix="gpumon-bench-")
         for i in range(FILES):
             x, y = _batch(i, batch)
@@ -236,14 +374,45 @@ def run(opts: BenchOptions) -> dict[str, float]:
             batch, batches, tmp.name, opts.io_mb_per_s, workers=1, use_multiprocessing=False, max_queue_size=2
         )
     else:
-        raise ValueError(f"unknown pipeline {opts.pipeline!r}")
+        raise ValueError(f"unknown pipeline {pipeline!r}")
+    return data, tmp
+
+
+def run(opts: BenchOptions) -> dict[str, float]:
+    jax_devices = None
+    if opts.devices is not None and keras.backend.backend() == "jax":
+        found = keras.distribution.list_devices("gpu") or keras.distribution.list_devices("cpu")
+        if len(found) < opts.devices:
+            raise ValueError(f"{opts.devices} devices asked for, {len(found)} visible to JAX")
+        jax_devices = found[: opts.devices]
+    gpus = len(jax_devices) if jax_devices else _devices()
+    if gpus == 1:
+        _leave_cores_for_the_input_pipeline()
+    # The seed's rules: the global batch a multiple of the GPU count, every batch full.
+    batch = max(gpus, opts.batch_size // gpus * gpus)
+    batches = opts.steps_per_epoch
+    data, tmp = make_data(opts, opts.pipeline, batch, batches)
+    switching = None
+    if opts.starve_after_s is not None:
+        data = switching = SwitchingData(
+            FedData(batch, batches),
+            data,
+            math.inf,  # set when training starts
+            workers=data.workers,
+            use_multiprocessing=data.use_multiprocessing,
+            max_queue_size=data.max_queue_size,
+        )
     template = build_model()
     model = template
     if gpus > 1 and keras.backend.backend() == "jax":  # Keras 3's own data parallelism
-        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax_devices))
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hogs = _start_hogs(opts.cpu_hogs) if switching is None else []  # else at the switch
     start = time.monotonic()
-    timer = StepTimer(opts, start + opts.duration_s)
+    switch_at = None
+    if switching is not None and opts.starve_after_s is not None:
+        switch_at = switching.switch_at = start + opts.starve_after_s
+    timer = StepTimer(opts, start + opts.duration_s, switch_at)
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
     callbacks: list[keras.callbacks.Callback] = [timer]
     if opts.watch is not None:
@@ -254,6 +423,7 @@ def run(opts: BenchOptions) -> dict[str, float]:
         model.fit(data, epochs=epochs, verbose=opts.verbose, callbacks=callbacks)
     finally:
         timer.close()
+        _stop_hogs(hogs)
         if tmp is not None:
             tmp.cleanup()
     if opts.save:

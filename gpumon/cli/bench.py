@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_OK, MissingDependency
+from gpumon.errors import EXIT_INTERNAL, EXIT_OK, MissingDependency, UsageError
 
 
 def add_parser(
@@ -17,11 +17,38 @@ def add_parser(
         parents=[common],
         help="a Keras training job, fed or starved on purpose (needs the bench extra)",
     )
-    s.add_argument("--pipeline", choices=["fed", "starved-cpu", "starved-io"], default="fed")
+    s.add_argument("--pipeline", choices=["fed", "starved-cpu", "starved-io", "jpeg"], default="fed")
     flags.add_setting(s, flags.DURATION, default=60.0, help="how long to train (default 60 s)")
     s.add_argument("--batch-size", type=int, default=64, metavar="N")
     s.add_argument(
-        "--workers", type=int, default=2, metavar="N", help="loader processes for the fed pipeline"
+        "--workers", type=int, default=2, metavar="N", help="loader processes for the fed and jpeg pipelines"
+    )
+    s.add_argument(
+        "--cpu-hogs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes beside the job (a busy host)",
+    )
+    s.add_argument(
+        "--starve-after",
+        type=float,
+        metavar="SECONDS",
+        help="train fed for SECONDS, then switch this same job to --pipeline (and start --cpu-hogs "
+        "then): a change inside one run, as when a neighbour's job takes the CPUs",
+    )
+    s.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train data-parallel on N ranks (torch: torchrun + DistributedDataParallel, NCCL on GPUs, "
+        "gloo on CPUs; jax: keras.distribution.DataParallel); the global batch is a multiple of N",
+    )
+    s.add_argument(
+        "--straggler",
+        metavar="RANK[:PIPELINE]",
+        help="starve one rank's input pipeline (default starved-cpu) while the others are fed",
     )
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
@@ -39,6 +66,15 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gpus != 1 or args.straggler is not None:
+        return _run_ranks(args)
+    if args.starve_after is not None and not 0 < args.starve_after < args.duration:
+        raise UsageError(
+            f"--starve-after must be between 0 and --duration ({args.duration:g} s), "
+            f"got {args.starve_after:g}"
+        )
+    if args.starve_after is not None and args.pipeline == "fed":
+        raise UsageError("--starve-after needs a starving --pipeline (starved-cpu, starved-io or jpeg)")
     try:
         from gpumon.bench.job import BenchOptions
         from gpumon.bench.job import run as run_job
@@ -58,11 +94,135 @@ def run(args: argparse.Namespace) -> int:
             save=args.save,
             verbose=0 if args.quiet else 1,
             watch=args.watch,
+            cpu_hogs=args.cpu_hogs,
+            starve_after_s=args.starve_after,
         )
     )
     print(
         f"gpumon bench: {args.pipeline}: {result['steps']:.0f} steps in {result['seconds']:.0f} s "
         f"on {result['gpus']:.0f} device(s), batch {result['batch']:.0f}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+STRAGGLER_PIPELINES = ("starved-cpu", "starved-io", "jpeg")
+
+
+def parse_straggler(text: str, ranks: int) -> tuple[int, str]:
+    """`RANK[:PIPELINE]` -> (rank, pipeline), checked against the rank count."""
+    rank_text, _, pipeline = text.partition(":")
+    pipeline = pipeline or "starved-cpu"
+    try:
+        rank = int(rank_text)
+    except ValueError:
+        raise UsageError(f"--straggler: {rank_text!r} is not a rank number (RANK[:PIPELINE])") from None
+    if not 0 <= rank < ranks:
+        raise UsageError(f"--straggler: rank {rank} is not one of the {ranks} ranks (0-{ranks - 1})")
+    if pipeline not in STRAGGLER_PIPELINES:
+        raise UsageError(
+            f"--straggler: pipeline must be one of {', '.join(STRAGGLER_PIPELINES)}, got {pipeline!r}"
+        )
+    return rank, pipeline
+
+
+def _run_ranks(args: argparse.Namespace) -> int:
+    import os
+
+    if not 1 <= args.gpus <= 64:
+        raise UsageError(f"--gpus must be between 1 and 64, got {args.gpus}")
+    if args.straggler is not None and args.gpus < 2:
+        raise UsageError("--straggler needs --gpus 2 or more: one rank to starve, others to wait for it")
+    for flag, value in (("--starve-after", args.starve_after), ("--watch", args.watch)):
+        if value is not None:
+            raise UsageError(f"{flag} is not supported with --gpus (one job per rank)")
+    if args.pipeline != "fed":
+        raise UsageError("with --gpus, every rank is fed: starve one with --straggler RANK[:PIPELINE]")
+    straggler, pipeline = parse_straggler(args.straggler, args.gpus) if args.straggler else (None, "")
+    backend = os.environ.get("KERAS_BACKEND", "torch")
+    if backend == "jax":
+        if straggler is not None:
+            raise UsageError(
+                "--straggler needs one input pipeline per rank: the torch backend's ranks; with "
+                "KERAS_BACKEND=jax, DataParallel trains every device from one pipeline"
+            )
+        return _run_jax(args)
+    if backend != "torch":
+        raise UsageError(f"--gpus runs on the torch or jax backend, not KERAS_BACKEND={backend}")
+    try:
+        import torch
+
+        from gpumon.bench.job import _start_hogs, _stop_hogs
+        from gpumon.bench.ranks import RankPlan, launch
+    except ImportError as e:
+        raise MissingDependency(
+            f"gpumon bench --gpus needs Keras 3 and torch ({e.name} is missing): pip install "
+            "'gpumon-datastall[bench]' torch"
+        ) from None
+    if torch.cuda.is_available() and args.gpus > torch.cuda.device_count():
+        raise UsageError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
+    plan = RankPlan(
+        duration_s=args.duration,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        straggler=straggler,
+        straggler_pipeline=pipeline,
+        drive=args.drive,
+        truth=args.truth,
+        verbose=0 if args.quiet else 1,
+        save=args.save,
+    )
+    hogs = _start_hogs(args.cpu_hogs)
+    try:
+        code = launch(plan, args.gpus)
+    finally:
+        _stop_hogs(hogs)
+    per_rank = max(1, args.batch_size // args.gpus)
+    where = "GPUs" if torch.cuda.is_available() else "CPU ranks (gloo)"
+    print(
+        f"gpumon bench: {args.gpus} {where}, global batch {per_rank * args.gpus} ({per_rank} per rank)"
+        + (f", rank {straggler} starved ({pipeline})" if straggler is not None else "")
+        + ("" if code == 0 else f": a rank failed (exit {code})"),
+        file=sys.stderr,
+    )
+    return EXIT_OK if code == 0 else EXIT_INTERNAL
+
+
+def _run_jax(args: argparse.Namespace) -> int:
+    """Keras's own data parallelism in one process, over the first N devices; without GPUs, N
+    CPU devices that XLA is asked for before JAX starts."""
+    import os
+
+    flag = f"--xla_force_host_platform_device_count={args.gpus}"
+    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+    try:
+        from gpumon.bench.job import BenchOptions
+        from gpumon.bench.job import run as run_job
+    except ImportError as e:
+        raise MissingDependency(
+            f"gpumon bench needs Keras 3 and jax ({e.name} is missing): "
+            "pip install 'gpumon-datastall[bench]' jax"
+        ) from None
+    try:
+        result = run_job(
+            BenchOptions(
+                duration_s=args.duration,
+                batch_size=args.batch_size,
+                workers=args.workers,
+                drive=args.drive,
+                truth=args.truth,
+                save=args.save,
+                verbose=0 if args.quiet else 1,
+                cpu_hogs=args.cpu_hogs,
+                devices=args.gpus,
+            )
+        )
+    except ValueError as e:
+        raise UsageError(f"--gpus {args.gpus}: {e}") from None
+    print(
+        f"gpumon bench: fed: {result['steps']:.0f} steps in {result['seconds']:.0f} s on "
+        f"{result['gpus']:.0f} device(s) (jax DataParallel), global batch {result['batch']:.0f}",
         file=sys.stderr,
     )
     return EXIT_OK

@@ -126,7 +126,7 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
         description={
             "kind": "simulated",
             "scenarios": ["driven"],
-            "gpus": 1,
+            "gpus": 1,  # at the start: one more per rank of a data-parallel job as it appears
             "driven_by": spec.file,
             "sample_period_s": round(spec.sample_period_s, 6),
         },

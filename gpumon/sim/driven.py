@@ -1,18 +1,36 @@
-"""A simulated GPU driven by a real job: busy exactly while the job's train step runs.
+"""Simulated GPUs driven by a real job: each busy exactly while the job's train step runs.
 
 The job (`gpumon bench --drive FILE`) appends one line per train step to FILE:
 
-    # gpumon-drive v1 pid=PID          (written again whenever a job starts)
+    # gpumon-drive v1 pid=PID          (one job on GPU 0; written again whenever a job starts)
+    START -                            (a step began: busy from START until its END line)
     START END                          (the step's busy interval, CLOCK_MONOTONIC seconds)
 
+and, for a data-parallel job (`gpumon bench --gpus N`), each rank R on GPU R:
+
+    # gpumon-drive v2 pid=PID rank=R   (the rank's process)
+    START - R [sync]                   (an interval began)
+    START END R                        (busy computing)
+    START END R sync                   (busy spinning in a collective, waiting for another rank:
+                                        kernels run, at idle-level power, as NCCL's do)
+
+An interval is written when it begins as well as when it ends: a driver sample is read once, as
+soon as its period ends, and a step or a wait in the collective still going on then must count
+as busy (a wait for a straggler lasts longer than a sample period). An interval's END line
+replaces its begin line; a begin line never ended counts as busy until the next begin line.
+
+Other lines starting with # (e.g. "# switch T") are notes for people and benchmarks. GPUs appear
+as ranks do (the driver's GPU count grows), so the recorder may start before the job.
+
 time.monotonic() is the same CLOCK_MONOTONIC in every process on Linux, so the daemon can place
-the steps on its own clock. The GPU reports the job's PID as its compute process, and the host
+the steps on its own clock. Each GPU reports its rank's PID as its compute process, and the host
 side is read for real (psutil), so the detector sees the job's actual CPU and its real data-loader
 workers, on a machine without a GPU. Everything that shows it says "simulated".
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 
@@ -20,53 +38,78 @@ from gpumon.clock import Clock
 from gpumon.sim.fleet import Fleet, GpuModel, SimGpu
 from gpumon.sim.scenarios import Phase, Scenario
 
-HEADER = re.compile(r"#\s*gpumon-drive v1 pid=(\d+)")
+HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=(\d+)(?: rank=(\d+))?")
 DRIVEN_MODEL = GpuModel(name="Keras bench GPU (simulated)")
 _JOB = Phase(stepped=True, mem_used_ratio=0.3)
 _NO_JOB = Phase(has_job=False, stepped=True, mem_used_ratio=0.006)
+SPIN_POWER_RATIO = 0.15
+"""Power, as a share of the limit, while kernels spin in a collective: near idle (NCCL's wait
+kernels keep the GPU "utilized" but draw little)."""
+MAX_RANKS = 64
 
 
 class DrivenGpu(SimGpu):
-    def __init__(self, path: str, clock_t0: float, period_s: float) -> None:
+    def __init__(self, rank: int, fleet: DrivenFleet, period_s: float) -> None:
         super().__init__(
-            0, Scenario("driven", f"driven by {path}", ((0.0, _JOB),)), 0, period_s, DRIVEN_MODEL
+            rank, Scenario("driven", f"driven by {fleet.path}", ((0.0, _JOB),)), 0, period_s, DRIVEN_MODEL
         )
-        self.path = path
-        self._t0 = clock_t0  # monotonic time of the fleet's sim time 0
-        self._offset = 0
+        self._fleet = fleet
         self.pid = 0
-        self._partial = ""
+        self._sync_starts: list[float] = []
+        self._sync_ends: list[float] = []
+        self.open: tuple[float, bool] | None = None
+        """(start, sync) of an interval that has begun and not yet ended."""
 
-    def _read(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-                self._offset = f.tell()
-        except FileNotFoundError:
-            return
-        text = self._partial + chunk
-        lines = text.split("\n")
-        self._partial = lines.pop()  # an unfinished last line waits for the next read
-        for line in lines:
-            m = HEADER.match(line)
-            if m:
-                self.pid = int(m.group(1))
-                continue
-            try:
-                start, end = (float(x) - self._t0 for x in line.split())
-            except ValueError:
-                continue
-            if end > start and (not self._ends or start >= self._ends[-1]):
-                self._starts.append(start)
-                self._ends.append(end)
+    def begin(self, start: float, sync: bool) -> None:
+        if not self._ends or start >= self._ends[-1]:
+            self.open = (start, sync)
+
+    def add(self, start: float, end: float, sync: bool) -> None:
+        if self.open is not None and self.open[0] <= start:
+            self.open = None
+        if end > start and (not self._ends or start >= self._ends[-1]):
+            self._starts.append(start)
+            self._ends.append(end)
+            if sync:
+                self._sync_starts.append(start)
+                self._sync_ends.append(end)
 
     def _generate(self, until_s: float) -> None:
-        self._read()
+        self._fleet.refresh()
         horizon = until_s - 130 * self.period_s
-        while self._ends and len(self._ends) > 4096 and self._ends[0] < horizon:
-            del self._starts[:1024]
-            del self._ends[:1024]
+        for starts, ends in ((self._starts, self._ends), (self._sync_starts, self._sync_ends)):
+            while ends and len(ends) > 4096 and ends[0] < horizon:
+                del starts[:1024]
+                del ends[:1024]
+
+    def _open_share(self, a: float, b: float, sync_only: bool) -> float:
+        if self.open is None or (sync_only and not self.open[1]):
+            return 0.0
+        return max(0.0, b - max(a, self.open[0])) / (b - a)
+
+    def busy_share(self, a: float, b: float) -> float:
+        if b <= a:
+            return 0.0
+        return min(1.0, super().busy_share(a, b) + self._open_share(a, b, sync_only=False))
+
+    def _sync_share(self, a: float, b: float) -> float:
+        spin = self._open_share(a, b, sync_only=True) * (b - a)
+        i = bisect.bisect_right(self._sync_ends, a)
+        while i < len(self._sync_starts) and self._sync_starts[i] < b:
+            spin += min(b, self._sync_ends[i]) - max(a, self._sync_starts[i])
+            i += 1
+        return spin / (b - a)
+
+    def power_w(self, t_s: float) -> float:
+        busy = self.busy_share(t_s - 1.0, t_s)  # power sensors average over about a second
+        spin = min(busy, self._sync_share(t_s - 1.0, t_s))
+        ph = self.phase(t_s)
+        ratio = (
+            ph.power_idle_ratio
+            + (ph.power_busy_ratio - ph.power_idle_ratio) * (busy - spin)
+            + (SPIN_POWER_RATIO - ph.power_idle_ratio) * spin
+        )
+        return round(self.model.power_limit_w * ratio, 3)
 
     def job_running(self) -> bool:
         if not self.pid:
@@ -80,20 +123,88 @@ class DrivenGpu(SimGpu):
         return True
 
     def phase(self, t_s: float) -> Phase:
-        return _JOB if self.job_running() else _NO_JOB
+        if self.job_running():
+            return _JOB
+        self.open = None  # a job that has gone runs nothing, whatever it began
+        return _NO_JOB
 
     def worker_pids(self, t_s: float) -> list[int]:
         return []
 
 
+class DrivenFleet(Fleet):
+    """The GPUs of the job writing `path`: GPU 0 from the start, one more per rank that appears."""
+
+    def __init__(self, path: str, clock: Clock, sample_period_s: float) -> None:
+        import time
+
+        from gpumon.sim.scenarios import SCENARIOS
+
+        super().__init__([SCENARIOS["idle"]], 1, 0, clock, sample_period_s)
+        self.path = path
+        self._t0_mono = time.monotonic()  # monotonic time of the fleet's sim time 0
+        self._offset = 0
+        self._partial = ""
+        self._driven: list[DrivenGpu] = [DrivenGpu(0, self, sample_period_s)]
+        self.scenario_names = ["driven"]
+
+    @property
+    def gpus(self) -> list[SimGpu]:
+        self.refresh()
+        return list(self._driven)
+
+    @gpus.setter
+    def gpus(self, value: list[SimGpu]) -> None:
+        pass  # Fleet.__init__'s idle placeholder: the driven GPUs are the fleet's own
+
+    def _rank(self, rank: int) -> DrivenGpu | None:
+        if not 0 <= rank < MAX_RANKS:
+            return None
+        while len(self._driven) <= rank:
+            self._driven.append(DrivenGpu(len(self._driven), self, self.sample_period_s))
+            self.scenario_names.append("driven")
+        return self._driven[rank]
+
+    def refresh(self) -> None:
+        """Take in what the job wrote since the last read (a whole line at a time)."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            return
+        if not chunk:
+            return
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next read
+        for line in lines:
+            m = HEADER.match(line)
+            if m:
+                gpu = self._rank(int(m.group(3) or 0))
+                if gpu is not None:
+                    gpu.pid = int(m.group(2))
+                continue
+            parts = line.split()
+            if not 2 <= len(parts) <= 4 or line.startswith("#"):
+                continue
+            try:
+                start = float(parts[0]) - self._t0_mono
+                end = None if parts[1] == "-" else float(parts[1]) - self._t0_mono
+                rank = int(parts[2]) if len(parts) > 2 else 0
+            except ValueError:
+                continue
+            gpu = self._rank(rank)
+            if gpu is None:
+                continue
+            sync = len(parts) == 4 and parts[3] == "sync"
+            if end is None:
+                gpu.begin(start, sync)
+            else:
+                gpu.add(start, end, sync)
+
+
 def driven_fleet(path: str, clock: Clock, sample_period_s: float = 1 / 6) -> Fleet:
-    """One GPU driven by the job writing `path`. Real time only: the job's steps are stamped with
+    """The GPUs driven by the job writing `path`. Real time only: the job's steps are stamped with
     time.monotonic(), which is anchored here to the fleet's time 0."""
-    import time
-
-    from gpumon.sim.scenarios import SCENARIOS
-
-    fleet = Fleet([SCENARIOS["idle"]], 1, 0, clock, sample_period_s)
-    fleet.gpus = [DrivenGpu(path, time.monotonic(), sample_period_s)]
-    fleet.scenario_names = ["driven"]
-    return fleet
+    return DrivenFleet(path, clock, sample_period_s)
