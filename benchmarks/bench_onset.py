@@ -84,8 +84,8 @@ def measure(trace: Path, drive: Path, cause: str) -> tuple[float | None, float]:
     for line in drive.read_text().splitlines():
         if line.startswith("# switch "):
             switch = float(line.split()[2]) + to_recording
-        elif line.strip() and not line.startswith("#"):
-            end = float(line.split()[1]) + to_recording
+        elif line.strip() and not line.startswith("#") and line.split()[1] != "-":
+            end = float(line.split()[1]) + to_recording  # the last step's end (not a begin line)
     if switch is None or end is None:
         sys.exit(f"{drive}: the job never switched pipeline")
     th = result.thresholds
