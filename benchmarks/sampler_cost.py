@@ -12,6 +12,10 @@ nothing sleeps and only CPU is counted, with time.process_time):
   + detector       the same, plus the starvation detector fed every tick (what `serve` runs).
   simulator        the whole path over the simulated fleet, i.e. what `--simulate` costs; the
                    simulator itself is most of it, and it is not what runs on a GPU machine.
+  job trees        (8 GPUs) each GPU's process a real process with 4 loader workers, read per
+                   process from /proc (CPU, schedstat, block-I/O delay when counted): quiet, and
+                   with a birth on the host before every tick, so the trees are listed again
+                   every tick (issue 17: new workers found within a tick; the worst case).
 
 Goal (issue 2): at a 1 s cadence on 8 GPUs, under 0.1% of one core, i.e. < 1 ms CPU per tick.
 """
@@ -19,9 +23,11 @@ Goal (issue 2): at a 1 s cadence on 8 GPUs, under 0.1% of one core, i.e. < 1 ms 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -45,6 +51,8 @@ class CannedNvml:
         self.util = SimpleNamespace(gpu=42, memory=10)
         self.mem = SimpleNamespace(total=80 << 30, used=40 << 30, free=40 << 30)
         self.procs = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30)]
+        self.per_gpu: list[list[SimpleNamespace]] | None = None
+        """Each GPU's own processes (job trees), instead of this process on every GPU."""
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -79,7 +87,7 @@ class CannedNvml:
         return 1000
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
-        return self.procs
+        return self.per_gpu[h] if self.per_gpu is not None else self.procs
 
     def nvmlDeviceGetSamples(self, h: int, kind: int, last: int) -> tuple[int, list]:
         now_us = int(self.clock.now() * 1e6)
@@ -107,12 +115,22 @@ def main() -> None:
     args = ap.parse_args()
     problems = Problems(logging.getLogger("bench"))
 
-    def canned(n: int, with_host: bool, with_detector: bool = False) -> Callable[[], Pipeline]:
+    trees: list[int] = []
+
+    def canned(
+        n: int, with_host: bool, with_detector: bool = False, jobs: bool = False, births: bool = False
+    ) -> Callable[[], Pipeline]:
         def make() -> Pipeline:
             clock = VirtualClock()
-            src = NvmlSource(CannedNvml(n, clock))
+            nvml = CannedNvml(n, clock)
+            if jobs:
+                nvml.per_gpu = [[SimpleNamespace(pid=pid, usedGpuMemory=1 << 30)] for pid in trees[:n]]
+            src = NvmlSource(nvml)
             src.open()
             host = HostSource(load_psutil()) if with_host else None
+            if host is not None and births:
+                born = itertools.count(1 << 30)
+                host._procfs.newest_pid = lambda: next(born)
             sources = OpenedSources(gpu=src, host=host, description={"kind": "nvml"})
             pipeline = Pipeline(SourceSpec("nvml"), clock, sources=sources, problems=problems)
             if with_detector:
@@ -133,18 +151,36 @@ def main() -> None:
         f"(1 s cadence: share of one core = ms per tick / 10)"
     )
     print(f"{'GPUs':>4}  {'measurement':<18} {'ms/tick':>9} {'µs/GPU-sample':>14} {'core @1s':>9}")
-    for n in (8, 64):
-        for label, make in (
-            ("gpumon overhead", canned(n, False)),
-            ("+ host (psutil)", canned(n, True)),
-            ("+ detector", canned(n, True, True)),
-            ("simulator", simulated(n)),
-        ):
-            per_tick = cpu_per_tick(make, args.ticks, args.repeats)
-            print(
-                f"{n:>4}  {label:<18} {per_tick * 1e3:>9.3f} {per_tick / n * 1e6:>14.1f} "
-                f"{per_tick * 100:>8.3f}%"
-            )
+    # 8 job trees: a process per GPU with 4 loader workers each, as a data-parallel job has. Not
+    # this process's descendants (started through a shell that exits), or every row would count
+    # them as the canned GPU process's (this process's) loader workers.
+    for _ in range(8):
+        tree = "for i in 1 2 3 4; do sleep 3600 & done; wait"
+        out = subprocess.run(["sh", "-c", f"sh -c '{tree}' >/dev/null 2>&1 & echo $!"], capture_output=True)
+        trees.append(int(out.stdout))
+    time.sleep(0.5)
+    try:
+        for n in (8, 64):
+            for label, make in (
+                ("gpumon overhead", canned(n, False)),
+                ("+ host (psutil)", canned(n, True)),
+                ("+ detector", canned(n, True, True)),
+                ("simulator", simulated(n)),
+                *(
+                    (("+ host, job trees", canned(n, True, jobs=True)),
+                     ("+ host, births", canned(n, True, jobs=True, births=True)))
+                    if n == 8 else ()
+                ),
+            ):  # fmt: skip
+                per_tick = cpu_per_tick(make, args.ticks, args.repeats)
+                print(
+                    f"{n:>4}  {label:<18} {per_tick * 1e3:>9.3f} {per_tick / n * 1e6:>14.1f} "
+                    f"{per_tick * 100:>8.3f}%"
+                )
+    finally:
+        for pid in trees:
+            subprocess.run(["pkill", "-P", str(pid)], check=False)
+            subprocess.run(["kill", str(pid)], check=False)
 
 
 if __name__ == "__main__":

@@ -129,3 +129,15 @@ def test_an_interval_still_going_on_counts_as_busy_when_its_sample_is_read(tmp_p
     assert isinstance(gpu, DrivenGpu)
     assert gpu.busy_share(1.0, 2.0) == pytest.approx(1.0)
     assert gpu._sync_share(1.0, 2.0) == pytest.approx(0.6)
+
+
+def test_a_data_parallel_job_announces_its_gpus_before_its_ranks_start(tmp_path: Path) -> None:
+    """GPUs exist before a job runs on them: a rank's start-up (imports, process group) is then
+    seen as start-up, not as a job already running that does not compute (found: GPU 1 of a fed
+    2-rank run read starved-cpu for its first 5 s)."""
+    fleet, _ = fleet_with(tmp_path, ["# gpumon-drive v2 ranks=3"])
+    gpus = fleet.gpus
+    assert len(gpus) == 3 and not any(g.phase(0.0).has_job for g in gpus)
+    with open(fleet.path, "a") as f:
+        f.write(f"# gpumon-drive v2 pid={os.getpid()} rank=2\n")
+    assert fleet.gpus[2].phase(1.0).has_job and not fleet.gpus[1].phase(1.0).has_job

@@ -341,6 +341,10 @@ def _leave_cores_for_the_input_pipeline() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
+class TooFewDevices(ValueError):
+    """--gpus asks for more devices than the backend sees."""
+
+
 def make_data(
     opts: BenchOptions, pipeline: str, batch: int, batches: int
 ) -> tuple[FedData, tempfile.TemporaryDirectory[str] | None]:
@@ -381,9 +385,13 @@ def make_data(
 def run(opts: BenchOptions) -> dict[str, float]:
     jax_devices = None
     if opts.devices is not None and keras.backend.backend() == "jax":
-        found = keras.distribution.list_devices("gpu") or keras.distribution.list_devices("cpu")
+        try:
+            found = keras.distribution.list_devices("gpu")
+        except RuntimeError:  # JAX without a GPU platform says so by raising
+            found = []
+        found = found or keras.distribution.list_devices("cpu")
         if len(found) < opts.devices:
-            raise ValueError(f"{opts.devices} devices asked for, {len(found)} visible to JAX")
+            raise TooFewDevices(f"{opts.devices} devices asked for, {len(found)} visible to JAX")
         jax_devices = found[: opts.devices]
     gpus = len(jax_devices) if jax_devices else _devices()
     if gpus == 1:
@@ -402,10 +410,11 @@ def run(opts: BenchOptions) -> dict[str, float]:
             use_multiprocessing=data.use_multiprocessing,
             max_queue_size=data.max_queue_size,
         )
+    if gpus > 1 and keras.backend.backend() == "jax":  # Keras 3's own data parallelism, set
+        # before the model exists so that its variables are laid out over the devices
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax_devices))
     template = build_model()
     model = template
-    if gpus > 1 and keras.backend.backend() == "jax":  # Keras 3's own data parallelism
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax_devices))
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     hogs = _start_hogs(opts.cpu_hogs) if switching is None else []  # else at the switch
     start = time.monotonic()

@@ -15,12 +15,14 @@ A step on each rank:
   compute forward, backward (DDP's gradient all-reduce, which now finds every rank ready), step
 
 Ground truth per rank (--truth, one JSON record per rank per 5 s window): input and sync shares
-of the step time and the expected state: `starved` at >= 20% input wait (TensorFlow's "highly
-input-bound"), else `sync-stall` at >= 50% of the time blocked in the collective, else `healthy`
-below 5% input wait and 20% sync, else `either`.
+of the step time, the rank's batch and whether every batch was full, and the expected state:
+`starved` at >= 20% input wait (TensorFlow's "highly input-bound"), else `sync-stall` at >= 50%
+of the time blocked in the collective, else `healthy` below 5% input wait and 20% sync, else
+`either`.
 
 --drive FILE: every rank appends to the one file, a line at a time (O_APPEND, each line one
 write, so lines never interleave):
+  # gpumon-drive v2 ranks=N          (written by the launcher first: the GPUs exist, no job yet)
   # gpumon-drive v2 pid=PID rank=R   (the rank's process, whose GPU is simulated GPU R)
   START - R [sync]                   (an interval began: busy until its end is written)
   START END R                        (busy computing)
@@ -41,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
 WINDOW_S = 5.0
-STRAGGLER_PASSES = 12
+STRAGGLER_PASSES_PER_RANK = 6
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,11 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
     data, tmp = make_data(opts, pipeline, per_rank, 100_000)
     if isinstance(data, CpuHeavyData):
         # A rank trains on its share of the global batch, so its loader has less to do per step
-        # than the one-device bench's; the straggler's augmentation does STRAGGLER_PASSES passes
-        # per sample instead of 3, so it stays far behind and the others spend most of each step
-        # in the all-reduce (its input share ~80% at 2 ranks on this 2-core machine)
-        data.passes = STRAGGLER_PASSES
+        # than the one-device bench's. The straggler's augmentation does STRAGGLER_PASSES_PER_RANK
+        # passes per sample per rank (12 at 2 ranks; the one-device bench does 3), so its work per
+        # step is the same at any rank count and it stays far behind: the others spend most of
+        # each step in the all-reduce (~80% at 2 ranks on this 2-core machine)
+        data.passes = STRAGGLER_PASSES_PER_RANK * world
     # the dataset's own worker count, as processes of this rank (the DataLoader's workers)
     loader: torch.utils.data.DataLoader[tuple[object, object]] = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=max(1, data.workers), prefetch_factor=2
@@ -115,6 +118,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
     truth = os.open(plan.truth, flags, 0o644) if plan.truth else None
     _line(drive, f"# gpumon-drive v2 pid={os.getpid()} rank={rank}\n")
     steps, waited, synced, computed = 0, 0.0, 0.0, 0.0
+    full = True
     window_start = time.monotonic()
     start = window_start
     stop_at = start + plan.duration_s
@@ -133,6 +137,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
             if vote.item() > 0:
                 break
             _line(drive, f"{ready:.6f} - {rank}\n")
+            full = full and len(x) == per_rank  # the origin's rule: every batch full
             inputs = torch.as_tensor(x, device=device)
             labels = torch.as_tensor(y, device=device, dtype=torch.long)
             optimizer.zero_grad(set_to_none=True)
@@ -149,8 +154,9 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
             computed += end - ready
             prev_end = end
             if end - window_start >= WINDOW_S:
-                _close(truth, rank, pipeline, window_start, end, waited, synced, computed, steps)
-                window_start, waited, synced, computed, steps = end, 0.0, 0.0, 0.0, 0
+                shares = (waited, synced, computed)
+                _close(truth, rank, pipeline, window_start, end, shares, steps, per_rank, full)
+                window_start, waited, synced, computed, steps, full = end, 0.0, 0.0, 0.0, 0, True
             if plan.verbose and rank == 0 and steps % 20 == 0:
                 print(f"rank 0: step loss {float(loss):.3f}", file=sys.stderr)
         if plan.save and rank == 0:
@@ -171,11 +177,13 @@ def _close(
     pipeline: str,
     start: float,
     end: float,
-    waited: float,
-    synced: float,
-    computed: float,
+    shares: tuple[float, float, float],
     steps: int,
+    batch: int,
+    full: bool,
 ) -> None:
+    """One truth record: the window's input wait, time in the collective and compute."""
+    waited, synced, computed = shares
     total = waited + synced + computed
     if fd is None or total <= 0:
         return
@@ -187,6 +195,8 @@ def _close(
         "input_share": round(waited / total, 4),
         "sync_share": round(synced / total, 4),
         "steps": steps,
+        "batch": batch,
+        "full_batches": full,
         "pipeline": pipeline,
         "expected": _expected(waited / total, synced / total),
     }
@@ -194,6 +204,13 @@ def _close(
 
 
 PLAN_ENV = "GPUMON_BENCH_PLAN"
+
+
+def cuda_devices() -> int:
+    """GPUs torch sees here (0 without CUDA): one rank per GPU on a GPU machine."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 def launch(plan: RankPlan, ranks: int) -> int:

@@ -150,17 +150,16 @@ def _run_ranks(args: argparse.Namespace) -> int:
     if backend != "torch":
         raise UsageError(f"--gpus runs on the torch or jax backend, not KERAS_BACKEND={backend}")
     try:
-        import torch
-
         from gpumon.bench.job import _start_hogs, _stop_hogs
-        from gpumon.bench.ranks import RankPlan, launch
+        from gpumon.bench.ranks import RankPlan, cuda_devices, launch
     except ImportError as e:
         raise MissingDependency(
             f"gpumon bench --gpus needs Keras 3 and torch ({e.name} is missing): pip install "
             "'gpumon-datastall[bench]' torch"
         ) from None
-    if torch.cuda.is_available() and args.gpus > torch.cuda.device_count():
-        raise UsageError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
+    gpus = cuda_devices()
+    if gpus and args.gpus > gpus:
+        raise UsageError(f"--gpus {args.gpus}: this machine has {gpus} GPU(s)")
     plan = RankPlan(
         duration_s=args.duration,
         batch_size=args.batch_size,
@@ -172,13 +171,16 @@ def _run_ranks(args: argparse.Namespace) -> int:
         verbose=0 if args.quiet else 1,
         save=args.save,
     )
+    if args.drive:  # the GPUs exist before the ranks start on them (their start-up is not work)
+        with open(args.drive, "a", encoding="utf-8") as f:
+            f.write(f"# gpumon-drive v2 ranks={args.gpus}\n")
     hogs = _start_hogs(args.cpu_hogs)
     try:
         code = launch(plan, args.gpus)
     finally:
         _stop_hogs(hogs)
     per_rank = max(1, args.batch_size // args.gpus)
-    where = "GPUs" if torch.cuda.is_available() else "CPU ranks (gloo)"
+    where = "GPUs" if gpus else "CPU ranks (gloo)"
     print(
         f"gpumon bench: {args.gpus} {where}, global batch {per_rank * args.gpus} ({per_rank} per rank)"
         + (f", rank {straggler} starved ({pipeline})" if straggler is not None else "")
@@ -197,7 +199,7 @@ def _run_jax(args: argparse.Namespace) -> int:
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     try:
-        from gpumon.bench.job import BenchOptions
+        from gpumon.bench.job import BenchOptions, TooFewDevices
         from gpumon.bench.job import run as run_job
     except ImportError as e:
         raise MissingDependency(
@@ -218,7 +220,7 @@ def _run_jax(args: argparse.Namespace) -> int:
                 devices=args.gpus,
             )
         )
-    except ValueError as e:
+    except TooFewDevices as e:
         raise UsageError(f"--gpus {args.gpus}: {e}") from None
     print(
         f"gpumon bench: fed: {result['steps']:.0f} steps in {result['seconds']:.0f} s on "

@@ -6,8 +6,9 @@ The job (`gpumon bench --drive FILE`) appends one line per train step to FILE:
     START -                            (a step began: busy from START until its END line)
     START END                          (the step's busy interval, CLOCK_MONOTONIC seconds)
 
-and, for a data-parallel job (`gpumon bench --gpus N`), each rank R on GPU R:
+and, for a data-parallel job (`gpumon bench --gpus N`), first its size, then each rank R on GPU R:
 
+    # gpumon-drive v2 ranks=N          (the launcher, before the ranks start: N GPUs, no job yet)
     # gpumon-drive v2 pid=PID rank=R   (the rank's process)
     START - R [sync]                   (an interval began)
     START END R                        (busy computing)
@@ -39,6 +40,7 @@ from gpumon.sim.fleet import Fleet, GpuModel, SimGpu
 from gpumon.sim.scenarios import Phase, Scenario
 
 HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=(\d+)(?: rank=(\d+))?")
+RANKS = re.compile(r"#\s*gpumon-drive v2 ranks=(\d+)")
 DRIVEN_MODEL = GpuModel(name="Keras bench GPU (simulated)")
 _JOB = Phase(stepped=True, mem_used_ratio=0.3)
 _NO_JOB = Phase(has_job=False, stepped=True, mem_used_ratio=0.006)
@@ -179,6 +181,10 @@ class DrivenFleet(Fleet):
         lines = (self._partial + chunk).split("\n")
         self._partial = lines.pop()  # an unfinished last line waits for the next read
         for line in lines:
+            m = RANKS.match(line)
+            if m:  # a data-parallel job is starting: its GPUs exist before its ranks run on them
+                self._rank(min(int(m.group(1)), MAX_RANKS) - 1)
+                continue
             m = HEADER.match(line)
             if m:
                 gpu = self._rank(int(m.group(3) or 0))
