@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gpumon.cli import flags
 from gpumon.errors import EXIT_INTERNAL, EXIT_OK, MissingDependency, UsageError
+
+T = TypeVar("T")
 
 
 def add_parser(
@@ -84,18 +88,8 @@ def run(args: argparse.Namespace) -> int:
             "'gpumon-datastall[bench]' torch (on machines without a GPU: torch==2.13.0, the CPU build)"
         ) from None
     result = run_job(
-        BenchOptions(
-            pipeline=args.pipeline,
-            duration_s=args.duration,
-            batch_size=args.batch_size,
-            workers=args.workers,
-            drive=args.drive,
-            truth=args.truth,
-            save=args.save,
-            verbose=0 if args.quiet else 1,
-            watch=args.watch,
-            cpu_hogs=args.cpu_hogs,
-            starve_after_s=args.starve_after,
+        _options(
+            BenchOptions, args, pipeline=args.pipeline, watch=args.watch, starve_after_s=args.starve_after
         )
     )
     print(
@@ -104,6 +98,21 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_OK
+
+
+def _options(options: Callable[..., T], args: argparse.Namespace, **more: Any) -> T:
+    """The job's options from the flags every kind of run shares, plus its own."""
+    return options(
+        duration_s=args.duration,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        drive=args.drive,
+        truth=args.truth,
+        save=args.save,
+        verbose=0 if args.quiet else 1,
+        cpu_hogs=args.cpu_hogs,
+        **more,
+    )
 
 
 STRAGGLER_PIPELINES = ("starved-cpu", "starved-io", "jpeg")
@@ -207,19 +216,7 @@ def _run_jax(args: argparse.Namespace) -> int:
             "pip install 'gpumon-datastall[bench]' jax"
         ) from None
     try:
-        result = run_job(
-            BenchOptions(
-                duration_s=args.duration,
-                batch_size=args.batch_size,
-                workers=args.workers,
-                drive=args.drive,
-                truth=args.truth,
-                save=args.save,
-                verbose=0 if args.quiet else 1,
-                cpu_hogs=args.cpu_hogs,
-                devices=args.gpus,
-            )
-        )
+        result = run_job(_options(BenchOptions, args, devices=args.gpus))
     except TooFewDevices as e:
         raise UsageError(f"--gpus {args.gpus}: {e}") from None
     print(
