@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.driven import record_bench
 from gpumon.analysis import analyze
 
-ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "starved-cpu": (("--pipeline", "starved-cpu"), "cpu"),
     "jpeg-contended": (("--pipeline", "jpeg", "--workers", "3", "--cpu-hogs", "2"), "cpu"),
@@ -41,38 +39,10 @@ CASES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def gpumon(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpumon", *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def one_run(folder: Path, bench: tuple[str, ...], fed_s: int, starved_s: int) -> tuple[Path, Path]:
-    drive, trace = folder / "drive", folder / "trace.jsonl"
-    drive.touch()
-    recorder = gpumon("record", "--drive", str(drive), "--duration", "600", "-o", str(trace))
-    job = gpumon(
-        "bench",
-        *bench,
-        "--starve-after",
-        str(fed_s),
-        "--duration",
-        str(fed_s + starved_s),
-        "--drive",
-        str(drive),
-        "--quiet",
+    trace, drive, _ = record_bench(
+        folder, *bench, "--starve-after", str(fed_s), "--duration", str(fed_s + starved_s)
     )
-    _, err = job.communicate(timeout=300)
-    if job.returncode != 0:
-        sys.exit(f"bench failed: {err[-800:]}")
-    time.sleep(3)  # the last steps reach the recorder
-    recorder.terminate()
-    recorder.communicate(timeout=60)
     return trace, drive
 
 

@@ -15,47 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.driven import record_bench
 from gpumon.analysis import analyze, compare_truth
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def gpumon(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpumon", *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def one_run(folder: Path, ranks: int, straggler: int | None, duration: int) -> dict[str, Any]:
-    drive, truth, trace = folder / "drive", folder / "truth.jsonl", folder / "trace.jsonl"
-    drive.touch()
-    recorder = gpumon("record", "--drive", str(drive), "--duration", "600", "-o", str(trace))
     extra = ("--straggler", f"{straggler}:starved-cpu") if straggler is not None else ()
-    job = gpumon(
-        "bench", "--gpus", str(ranks), *extra, "--duration", str(duration), "--drive", str(drive),
-        "--truth", str(truth), "--quiet",
-    )  # fmt: skip
-    _, err = job.communicate(timeout=600)
-    if job.returncode != 0:
-        sys.exit(f"bench failed: {err[-800:]}")
-    time.sleep(3)
-    recorder.terminate()
-    recorder.communicate(timeout=60)
+    trace, _, truth = record_bench(folder, "--gpus", str(ranks), *extra, "--duration", str(duration))
     result = analyze(str(trace))
     th = result.thresholds
     records = [json.loads(line) for line in truth.read_text().splitlines()]
