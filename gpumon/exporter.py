@@ -14,11 +14,24 @@ from prometheus_client.registry import Collector
 
 from gpumon import __version__
 from gpumon.detector.classify import CAUSES, STATES
-from gpumon.model import JobRef
+from gpumon.model import GpuSample, JobRef, clock_reasons
 from gpumon.pipeline.spec import is_simulated
 from gpumon.snapshot import Snapshot
 
-GPU_LABELS = ["gpu", "uuid"]
+GPU_LABELS = ["gpu", "uuid", "mig"]
+"""`mig`: the GPU instance id on a MIG instance (`gpu` is then its parent's index, `uuid` its
+MIG-... UUID); empty on a whole GPU, which Prometheus stores as no label at all."""
+GPM_RATIOS = (
+    ("graphics_ratio", "gpumon_gpu_graphics_active_ratio", "Share of time any work was active (GPM)."),
+    (
+        "sm_active_ratio",
+        "gpumon_gpu_sm_active_ratio",
+        "Share of SMs busy (GPM SM activity): low beside high utilization means small kernels.",
+    ),
+    ("sm_occupancy_ratio", "gpumon_gpu_sm_occupancy_ratio", "Active warps against the maximum (GPM)."),
+    ("tensor_ratio", "gpumon_gpu_tensor_active_ratio", "Share of time tensor cores ran (GPM)."),
+    ("dram_bw_ratio", "gpumon_gpu_dram_bandwidth_ratio", "DRAM bandwidth used against the maximum (GPM)."),
+)
 JOB_LABELS = ["scheduler", "job_id", "user", "namespace", "pod", "container", "via"]
 
 
@@ -130,8 +143,37 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         "join it to other series on (instance, gpu, uuid) rather than carry job labels on every series.",
         labels=[*GPU_LABELS, *JOB_LABELS],
     )
+    gpm_fams = [(field, _gauge(name, doc + bg)) for field, name, doc in GPM_RATIOS]
+    fp = _gauge(
+        "gpumon_gpu_fp_active_ratio",
+        "Share of time non-tensor FP math ran, by precision (GPM).",
+        ["precision"],
+    )
+    pcie = _gauge("gpumon_gpu_gpm_pcie_bytes_per_second", "PCIe traffic, by direction (GPM).", ["direction"])
+    nvlink = _gauge(
+        "gpumon_gpu_nvlink_bytes_per_second", "NVLink traffic, all links, by direction (GPM).", ["direction"]
+    )
+    clock_now = _gauge(
+        "gpumon_gpu_clock_event_active",
+        "1 for each clock-event reason holding the GPU's clocks now (nvmlClocksEventReasons).",
+        ["reason"],
+    )
+    clock_s = CounterMetricFamily(
+        "gpumon_gpu_clock_event_seconds",
+        "Seconds the GPU's clocks spent held by each reason since gpumon started.",
+        labels=[*GPU_LABELS, "reason"],
+    )
+    xid = CounterMetricFamily(
+        "gpumon_gpu_xid_errors",
+        "XID errors (NVML critical-error events) since gpumon started, by code (docs/metrics.md).",
+        labels=[*GPU_LABELS, "xid"],
+    )
+    last_xid = _gauge("gpumon_gpu_last_xid", "The code of the last XID error since gpumon started.")
+    last_xid_t = _gauge(
+        "gpumon_gpu_last_xid_timestamp_seconds", "When the last XID error was seen (Unix time)."
+    )
     for g in s.tick.gpus:
-        lv = [str(g.index), g.uuid]
+        lv = [str(g.index), g.uuid, "" if g.mig is None else str(g.mig)]
         info.add_metric([*lv, g.name], 1)
         for j in g.jobs:
             jobs.add_metric([*lv, *job_label_values(j)], 1)
@@ -151,6 +193,17 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
                 fam.add_metric(lv, value)
         if g.available:
             procs.add_metric(lv, len(g.processes))
+        _hopper_metrics(g, lv, gpm_fams, fp, pcie, nvlink)
+        if g.clock_events is not None:
+            for reason in clock_reasons(g.clock_events):
+                clock_now.add_metric([*lv, reason], 1)
+        for reason, seconds in g.clock_event_s:
+            clock_s.add_metric([*lv, reason], round(seconds, 3))
+        for x in g.xids:
+            xid.add_metric([*lv, str(x.xid)], x.seen)
+        if g.last_xid is not None:
+            last_xid.add_metric(lv, g.last_xid[0])
+            last_xid_t.add_metric(lv, round(g.last_xid[1], 3))
         v = s.verdict_for(g.index, g.uuid)
         if v is not None:
             ev = v.evidence
@@ -203,10 +256,40 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         wasted,
         episodes,
     )
+    yield from (fam for _, fam in gpm_fams if fam.samples)
+    yield from (f for f in (fp, pcie, nvlink, clock_now, clock_s, xid, last_xid, last_xid_t) if f.samples)
     if jobs.samples:
         yield jobs
     if unattributed.samples:
         yield unattributed
+
+
+def _hopper_metrics(
+    g: GpuSample,
+    lv: list[str],
+    ratios: list[tuple[str, GaugeMetricFamily]],
+    fp: GaugeMetricFamily,
+    pcie: GaugeMetricFamily,
+    nvlink: GaugeMetricFamily,
+) -> None:
+    """GPM series: only where the GPU has GPM (Hopper and newer), else left out."""
+    a = g.gpm
+    if a is None:
+        return
+    for field, fam in ratios:
+        value = getattr(a, field)
+        if value is not None:
+            fam.add_metric(lv, value)
+    for precision, value in (("fp16", a.fp16_ratio), ("fp32", a.fp32_ratio), ("fp64", a.fp64_ratio)):
+        if value is not None:
+            fp.add_metric([*lv, precision], value)
+    for fam, rx, tx in (
+        (pcie, a.pcie_rx_bytes_per_s, a.pcie_tx_bytes_per_s),
+        (nvlink, a.nvlink_rx_bytes_per_s, a.nvlink_tx_bytes_per_s),
+    ):
+        for direction, value in (("rx", rx), ("tx", tx)):
+            if value is not None:
+                fam.add_metric([*lv, direction], round(value, 1))
 
 
 def _host_metrics(s: Snapshot) -> Iterator[Metric]:

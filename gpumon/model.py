@@ -45,6 +45,60 @@ class JobRef(NamedTuple):
     """When the job began on this GPU, where known (the prolog writes it)."""
 
 
+class GpmActivity(NamedTuple):
+    """GPM (GPU Performance Monitoring, Hopper and newer) over the last interval: what the SMs did.
+
+    Ratios are 0-1 shares of the interval (or of the SMs, warps, bandwidth); rates in bytes/s.
+    A metric the driver does not give for this unit is None."""
+
+    graphics_ratio: float | None = None
+    """Share of time any compute or graphics work was active (GPM's GRAPHICS_UTIL)."""
+    sm_active_ratio: float | None = None
+    """Share of SMs busy, averaged over the interval (SM_UTIL)."""
+    sm_occupancy_ratio: float | None = None
+    """Active warps against the theoretical maximum (SM_OCCUPANCY)."""
+    tensor_ratio: float | None = None
+    """Share of time the SMs ran any tensor-core instructions (ANY_TENSOR_UTIL)."""
+    dram_bw_ratio: float | None = None
+    """DRAM bandwidth used against the maximum (DRAM_BW_UTIL)."""
+    fp16_ratio: float | None = None
+    fp32_ratio: float | None = None
+    fp64_ratio: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+    nvlink_tx_bytes_per_s: float | None = None
+
+
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+"""nvmlClocksEventReason bits (nvml.h) and the names gpumon uses for them."""
+HELD_BY_POWER = 0x4 | 0x80
+HELD_BY_THERMAL = 0x20 | 0x40
+HELD_BY_SLOWDOWN = 0x8
+
+
+def clock_reasons(bits: int) -> tuple[str, ...]:
+    """The named reasons in a bitmask (unknown bits as `other`)."""
+    names = tuple(name for bit, name in CLOCK_EVENT_REASONS.items() if bits & bit)
+    known = sum(CLOCK_EVENT_REASONS)
+    return names + (("other",) if bits & ~known else ())
+
+
+class XidCount(NamedTuple):
+    xid: int
+    seen: int
+
+
 class GpuSample(NamedTuple):
     t_s: float
     index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
@@ -70,6 +124,19 @@ class GpuSample(NamedTuple):
     """The jobs holding this GPU (two for a shared or MPS GPU), from the job attribution."""
     unattributed: str | None = None
     """Why no job is named, where a scheduler is in use (docs/kubernetes.md lists the reasons)."""
+    mig: int | None = None
+    """On a MIG instance: its GPU instance id (`index` is then the parent GPU's, `uuid` the MIG-...
+    UUID). None on a whole GPU."""
+    gpm: GpmActivity | None = None
+    """GPM activity since the previous tick, where the GPU supports GPM (Hopper and newer)."""
+    clock_events: int | None = None
+    """The clock-event reasons now (nvmlClocksEventReasons bitmask, CLOCK_EVENT_REASONS)."""
+    clock_event_s: tuple[tuple[str, float], ...] = ()
+    """Seconds spent in each clock-event reason since gpumon started (reason, seconds)."""
+    xids: tuple[XidCount, ...] = ()
+    """XID errors seen since gpumon started, per code (the event thread's count)."""
+    last_xid: tuple[int, float] | None = None
+    """The last XID: (code, Unix time it was seen)."""
 
 
 @dataclass(frozen=True, slots=True)

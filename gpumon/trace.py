@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from gpumon.errors import OutputError, TraceError
-from gpumon.model import GpuProcess, GpuSample, HostSample, JobRef, ProcessCpu, Tick, UtilPoint
+from gpumon.model import (
+    GpmActivity,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    JobRef,
+    ProcessCpu,
+    Tick,
+    UtilPoint,
+    XidCount,
+)
 
 FORMAT = "gpumon-trace"
 VERSION = 2
@@ -66,6 +76,19 @@ def gpu_to_dict(g: GpuSample) -> dict[str, Any]:
         d["error"] = g.error
     if g.jobs:
         d["jobs"] = [job_to_dict(j) for j in g.jobs]
+    # Hopper/MIG fields: written only where the GPU has them, so older traces read the same.
+    if g.mig is not None:
+        d["mig"] = g.mig
+    if g.gpm is not None:
+        d["gpm"] = {k: _r(v) for k, v in g.gpm._asdict().items() if v is not None}
+    if g.clock_events is not None:
+        d["clock_events"] = g.clock_events
+    if g.clock_event_s:
+        d["clock_event_s"] = {k: round(v, 3) for k, v in g.clock_event_s}
+    if g.xids:
+        d["xids"] = {str(x.xid): x.seen for x in g.xids}
+    if g.last_xid is not None:
+        d["last_xid"] = [g.last_xid[0], round(g.last_xid[1], 3)]
     return d
 
 
@@ -391,6 +414,7 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
         raise _Bad(f"field 'available' must be true or false, got {available!r}")
     kwargs: dict[str, Any] = {f: _num(d, f) for f in _GPU_FLOATS}
     kwargs.update({f: _num(d, f, integer=True) for f in _GPU_INTS})
+    kwargs.update(_hopper_fields(d))
     error = d.get("error")
     return GpuSample(
         t_s=t_s,
@@ -404,6 +428,38 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
         jobs=tuple(_job(j) for j in _list(d, "jobs")),
         **kwargs,
     )
+
+
+def _hopper_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """mig, gpm, clock events and XIDs (docs/trace-format.md), each optional."""
+    out: dict[str, Any] = {}
+    out["mig"] = _num(d, "mig", integer=True)
+    gpm = d.get("gpm")
+    if gpm is not None:
+        if not isinstance(gpm, dict):
+            raise _Bad("field 'gpm' must be an object")
+        unknown = set(gpm) - set(GpmActivity._fields)
+        if unknown:
+            raise _Bad(f"field 'gpm' has unknown keys: {', '.join(sorted(unknown))}")
+        out["gpm"] = GpmActivity(**{k: _num(gpm, k) for k in gpm})
+    out["clock_events"] = _num(d, "clock_events", integer=True)
+    seconds = d.get("clock_event_s")
+    if seconds is not None:
+        if not isinstance(seconds, dict):
+            raise _Bad("field 'clock_event_s' must be an object of reason: seconds")
+        out["clock_event_s"] = tuple((str(k), float(_num(seconds, k, optional=False))) for k in seconds)
+    xids = d.get("xids")
+    if xids is not None:
+        if not isinstance(xids, dict) or not all(k.isdigit() for k in xids):
+            raise _Bad("field 'xids' must be an object of XID code: count")
+        out["xids"] = tuple(XidCount(int(k), _num(xids, k, optional=False, integer=True)) for k in xids)
+    last = d.get("last_xid")
+    if last is not None:
+        shape_ok = type(last) is list and len(last) == 2
+        if not shape_ok or type(last[0]) is not int or type(last[1]) not in _NUMBER:
+            raise _Bad(f"field 'last_xid' must be [code, unix_s], got {last!r}")
+        out["last_xid"] = (last[0], float(last[1]))
+    return out
 
 
 def _host(d: Any, t_s: float) -> HostSample | None:

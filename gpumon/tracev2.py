@@ -44,7 +44,7 @@ class Encoder:
         """`origin_s`: the writer's clock at the file's start (its t_s 0)."""
         self._origin = origin_s
         self._t_us = 0
-        self._gpus: dict[int, dict[str, Any]] = {}
+        self._gpus: dict[tuple[int, int | None], dict[str, Any]] = {}
         self._host: dict[str, Any] | None = None
 
     def encode(self, tick: Tick) -> dict[str, Any]:
@@ -58,8 +58,11 @@ class Encoder:
         for g in tick.gpus:
             full = gpu_to_dict(g)
             history = full.pop("util_history")
+            key = (g.index, g.mig)  # a MIG instance shares its parent's index
             d: dict[str, Any] = {"index": g.index}
-            d.update(_changes(self._gpus.get(g.index), full, skip="index"))
+            if g.mig is not None:
+                d["mig"] = g.mig
+            d.update(_changes(self._gpus.get(key), full, skip=("index", "mig")))
             flat: list[float] = []
             last = t_us
             for ts, util in history:
@@ -68,7 +71,7 @@ class Encoder:
                 last = us
             if flat:
                 d["util_history"] = flat
-            self._gpus[g.index] = full
+            self._gpus[key] = full
             gpus.append(d)
         rec["gpus"] = gpus
         if tick.host is None:
@@ -83,10 +86,10 @@ class Encoder:
         return rec
 
 
-def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: str = "") -> dict[str, Any]:
+def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
     if prev is None:
-        return {k: v for k, v in full.items() if k != skip}
-    out = {k: v for k, v in full.items() if k != skip and prev.get(k, _MISSING) != v}
+        return {k: v for k, v in full.items() if k not in skip}
+    out = {k: v for k, v in full.items() if k not in skip and prev.get(k, _MISSING) != v}
     out.update({k: None for k in prev if k not in full})
     return out
 
@@ -94,7 +97,7 @@ def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: str = "") 
 class Decoder:
     def __init__(self) -> None:
         self._t_us = 0
-        self._gpus: dict[int, dict[str, Any]] = {}
+        self._gpus: dict[tuple[int, Any], dict[str, Any]] = {}
         self._host: dict[str, Any] | None = None
 
     def decode(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -114,9 +117,12 @@ class Decoder:
             index = d.get("index")
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 1 << 31:
                 raise Bad(f"field 'index' must be a whole number, got {index!r}")
-            full = dict(self._gpus.get(index) or {})
+            mig = d.get("mig")
+            if mig is not None and (type(mig) is not int or not 0 <= mig < 1 << 31):
+                raise Bad(f"field 'mig' must be a whole number (a GPU instance id), got {mig!r}")
+            full = dict(self._gpus.get((index, mig)) or {})
             full.update((k, v) for k, v in d.items() if k != "util_history")
-            self._gpus[index] = full
+            self._gpus[(index, mig)] = full
             gpus.append({**full, "util_history": _history(d.get("util_history"), t_us)})
         out: dict[str, Any] = {"type": "tick", "t_s": t_us / 1e6, "gpus": gpus}
         host = rec.get("host", _MISSING)

@@ -9,6 +9,7 @@ import sys
 from gpumon.cli import flags
 from gpumon.clock import MonotonicClock
 from gpumon.errors import EXIT_OK
+from gpumon.model import GpuSample, clock_reasons
 from gpumon.pipeline import Pipeline, describe_source, is_simulated
 
 
@@ -39,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
             "mem_used_bytes": g.mem_used_bytes,
             "mem_total_bytes": g.mem_total_bytes,
             "util_ratio": g.util_ratio,
+            "mig": g.mig,
+            "gpm": None if g.gpm is None else {k: v for k, v in g.gpm._asdict().items() if v is not None},
+            "clock_event_reasons": None if g.clock_events is None else list(clock_reasons(g.clock_events)),
             "error": g.error,
         }
         for g in gpus
@@ -50,17 +54,30 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print("no GPUs found")
         return EXIT_OK
-    print(f"{'GPU':>3}  {'NAME':<36} {'UUID':<40} {'MEMORY USED/TOTAL':>19} {'UTIL':>5}")
+    print(f"{'GPU':>5}  {'NAME':<36} {'UUID':<40} {'MEMORY USED/TOTAL':>19} {'UTIL':>5} {'SM':>5}")
     for g in gpus:
+        gpu = str(g.index) if g.mig is None else f"{g.index}/{g.mig}"  # GPU/MIG instance
         if not g.available:
-            print(f"{g.index:>3}  {g.name or '?':<36} {g.uuid or '?':<40} unavailable: {g.error}")
+            print(f"{gpu:>5}  {g.name or '?':<36} {g.uuid or '?':<40} unavailable: {g.error}")
             continue
         mem = f"{_gib(g.mem_used_bytes)} / {_gib(g.mem_total_bytes)} GiB"
-        util = f"{g.util_ratio * 100:.0f}%" if g.util_ratio is not None else "n/a"
-        print(f"{g.index:>3}  {g.name:<36} {g.uuid:<40} {mem:>19} {util:>5}")
+        print(f"{gpu:>5}  {g.name:<36} {g.uuid:<40} {mem:>19} {_util(g):>5} {_sm(g):>5}")
     if is_simulated(description):
         print(f"({describe_source(description)})")
     return EXIT_OK
+
+
+def _util(g: GpuSample) -> str:
+    """NVML utilization; on a MIG instance (which has none) GPM's graphics activity."""
+    value = g.util_ratio
+    if value is None and g.gpm is not None:
+        value = g.gpm.graphics_ratio
+    return "n/a" if value is None else f"{value * 100:.0f}%"
+
+
+def _sm(g: GpuSample) -> str:
+    value = None if g.gpm is None else g.gpm.sm_active_ratio
+    return "-" if value is None else f"{value * 100:.0f}%"
 
 
 def _gib(value: int | None) -> str:

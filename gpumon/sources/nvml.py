@@ -15,6 +15,14 @@ unavailable and skipped until the call returns, and a fresh thread goes on with 
 driver-wide call that hangs makes the whole source fail fast (no NVML call at all) until it
 returns, so threads stay bounded: one per stuck GPU, one for a stuck driver, plus one.
 
+Hopper and MIG (docs/detector.md, "GPM and MIG"): where nvmlGpmQueryDeviceSupport says so, each
+tick takes a GPM sample per GPU and per MIG instance (gpumon.sources.gpm). A GPU in MIG mode is
+read as its parent (power, temperature, clocks: what only the parent reports) plus one unit per MIG
+instance (memory, processes, GPM), each a GpuSample with `mig` set. NVML gives a MIG instance no
+utilization, so its activity history comes from GPM sampled MIG_GPM_HZ times a second on a thread
+of its own (`fast_clock`), for the detector's bursts and gaps. XID errors come from an event
+thread (gpumon.sources.xid). Clock-event reasons are read every tick and their seconds summed.
+
 No driver at start: with `retry_init`, `poll` keeps trying nvmlInit with exponential backoff
 (1 s, 2 s, ... 60 s) and reports no GPUs meanwhile, so a daemon started before the driver picks
 it up when it appears.
@@ -23,15 +31,19 @@ it up when it appears.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from gpumon.errors import NoDriverError
 from gpumon.guard import CallGuard
-from gpumon.model import DeviceInfo, GpuProcess, GpuSample, UtilPoint
+from gpumon.model import DeviceInfo, GpmActivity, GpuProcess, GpuSample, UtilPoint, clock_reasons
 from gpumon.problems import Problems
+from gpumon.sources.gpm import GRAPHICS_ONLY, GpmUnit
+from gpumon.sources.xid import XidWatcher
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -50,6 +62,12 @@ _LOST_CODES = frozenset({_GPU_IS_LOST, _UNKNOWN})
 _GPU_UTILIZATION_SAMPLES = 1
 _TEMPERATURE_GPU = 0
 _PCIE_TX, _PCIE_RX = 0, 1
+MIG_GPM_HZ = 5.0
+"""How often GPM is sampled on MIG instances for their activity history (docs/detector.md)."""
+MIG_RESCAN_S = 30.0
+"""How often a MIG-enabled GPU's instances are listed again (they change only when reconfigured)."""
+_CLOCK_GAP_CAP_S = 5.0
+"""Seconds one tick may add to a clock-event reason (a stalled sampler does not inflate them)."""
 # nvmlSample_t's value union, by nvmlValueType_t
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
@@ -107,6 +125,29 @@ class _GpuState:
     """Set while a call on this GPU has not returned (its thread was abandoned)."""
     failing: set[str] = field(default_factory=set)
     """Fields that failed in this tick's reading (their problems stay active)."""
+    mig: int | None = None
+    """A MIG instance's GPU instance id (this state is then one of its parent's `migs`)."""
+    parent: _GpuState | None = None
+    migs: dict[int, _GpuState] = field(default_factory=dict)
+    mig_checked_t: float | None = None
+    gpm: GpmUnit | None = None
+    gpm_checked: bool = False
+    fast: GpmUnit | None = None
+    """MIG: the GPM sampling for activity history, MIG_GPM_HZ times a second."""
+    pending: deque[UtilPoint] = field(default_factory=lambda: deque(maxlen=64))
+    clock_bits: int | None = None
+    clock_prev_t: float | None = None
+    clock_s: dict[str, float] = field(default_factory=dict)
+    xid_registered: bool = False
+
+    @property
+    def tag(self) -> str:
+        """What problem keys name it by: `0`, or `0/3` for GPU 0's MIG instance 3."""
+        return str(self.index) if self.mig is None else f"{self.index}/{self.mig}"
+
+    @property
+    def where(self) -> str:
+        return f"gpu {self.index}" if self.mig is None else f"gpu {self.index} mig {self.mig}"
 
 
 def _text(value: Any) -> str:
@@ -129,7 +170,10 @@ class NvmlSource:
         *,
         guard: CallGuard | None = None,
         retry_init: bool = False,
+        fast_clock: Callable[[], float] | None = None,
     ) -> None:
+        """`fast_clock`: the sampler's clock, for the MIG activity thread (without it, a MIG
+        instance's history is one GPM value per tick; tests drive `sample_fast` themselves)."""
         self._nvml = nvml
         self._problems = problems or Problems(log)
         self._gpus: dict[int, _GpuState] = {}
@@ -142,6 +186,11 @@ class NvmlSource:
         self._guard = guard
         self._driver_stuck_since: float | None = None
         self._init_error = "NVML not initialised yet"
+        self._xid = XidWatcher(nvml, self._problems)
+        self._fast_clock = fast_clock
+        self._fast_units: list[_GpuState] = []
+        self._fast_stop = threading.Event()
+        self._fast_thread: threading.Thread | None = None
         if guard is not None:
             guard.on_hang = self._hung
             guard.on_return = self._returned
@@ -181,7 +230,17 @@ class NvmlSource:
         return self._open
 
     def close(self) -> None:
+        self._fast_stop.set()
+        if self._fast_thread is not None:
+            self._fast_thread.join(1.0)
+        self._xid.stop()
         if self._open and self._driver_stuck_since is None:
+            for state in self._gpus.values():
+                for unit in (state, *state.migs.values()):
+                    for g in (unit.gpm, unit.fast):
+                        if g is not None:
+                            g.free()
+                    unit.gpm = unit.fast = None
             try:
                 self._nvml.nvmlShutdown()
             except self._error_type:
@@ -257,16 +316,24 @@ class NvmlSource:
                 samples.append(self._unavailable(index, t_s, "an NVML call on this GPU does not return"))
                 continue
             self._enter(index)
+            units: list[GpuSample] = []
             try:
                 sample = self._poll_gpu(index, t_s)
+                state = self._gpus[index]
+                if state.migs:
+                    units = self._poll_migs(state, t_s)
             except (_GpuLost, self._error_type) as e:
-                sample = self._unavailable(index, t_s, _describe(e, _code(e)))
+                why = _describe(e, _code(e))
+                sample = self._unavailable(index, t_s, why)
                 state = self._gpus.get(index)
                 if state is not None:
                     state.handle = None  # ask for a fresh handle next tick
+                    state.mig_checked_t = None
+                    units = [self._unavailable_unit(m, t_s, why) for _, m in sorted(state.migs.items())]
             finally:
                 self._leave()
             samples.append(sample)
+            samples.extend(units)
         return samples
 
     def _count(self) -> int:
@@ -295,6 +362,11 @@ class NvmlSource:
             error=why,
         )
 
+    def _unavailable_unit(self, m: _GpuState, t_s: float, why: str) -> GpuSample:
+        return GpuSample(
+            t_s=t_s, index=m.index, uuid=m.uuid, name=m.name, available=False, error=why, mig=m.mig
+        )
+
     def _state(self, index: int) -> _GpuState:
         state = self._gpus.get(index)
         if state is None:
@@ -309,6 +381,10 @@ class NvmlSource:
                     raise _GpuLost(_describe(e, _code(e))) from None
                 raise
             state.handle, state.uuid, state.name = handle, uuid, name
+            if not state.xid_registered:
+                state.xid_registered = True
+                if self._xid.register(index, handle):
+                    self._xid.start()
         return state
 
     def _poll_gpu(self, index: int, t_s: float) -> GpuSample:
@@ -326,6 +402,11 @@ class NvmlSource:
         tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
         procs = self._processes(state)
         history = self._history(state, t_s)
+        gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
+        clock_bits = self._clock_events(state, t_s)
+        if "mig" not in state.unsupported:
+            self._scan_migs(state, t_s)
+        xids, last_xid = self._xid.seen(index, None)
         if self._problems.any_active:  # this GPU answered: what failed before and not now is over
             self._problems.clear_prefix(
                 f"nvml:gpu {index}:", keep={f"nvml:gpu {index}:{f}" for f in state.failing}
@@ -350,7 +431,190 @@ class NvmlSource:
             if procs
             else (),
             history,
+            gpm=gpm,
+            clock_events=clock_bits,
+            clock_event_s=tuple(state.clock_s.items()) if state.clock_s else (),
+            xids=xids,
+            last_xid=last_xid,
         )
+
+    # -- MIG -----------------------------------------------------------------------------------
+
+    def _scan_migs(self, parent: _GpuState, t_s: float) -> None:
+        """List a MIG-enabled GPU's instances (again every MIG_RESCAN_S, or after a failure)."""
+        if parent.mig_checked_t is not None and t_s - parent.mig_checked_t < MIG_RESCAN_S:
+            return
+        parent.mig_checked_t = t_s
+        nv = self._nvml
+        mode = self._field(parent, "mig", _fn(nv, "nvmlDeviceGetMigMode"), parent.handle)
+        found: dict[int, _GpuState] = {}
+        if mode is not None and int(mode[0]) == 1:
+            slots = self._field(parent, "mig", _fn(nv, "nvmlDeviceGetMaxMigDeviceCount"), parent.handle) or 0
+            for slot in range(int(slots)):
+                try:
+                    handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
+                except self._error_type as e:
+                    if _code(e) in (_NOT_FOUND, 2):  # an empty slot
+                        continue
+                    if _code(e) in _LOST_CODES:
+                        raise _GpuLost(_describe(e, _code(e))) from None
+                    raise
+                gi = int(nv.nvmlDeviceGetGpuInstanceId(handle))
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                unit = parent.migs.get(gi)
+                if unit is None or unit.uuid != uuid:
+                    name = _text(nv.nvmlDeviceGetName(handle))
+                    unit = _GpuState(parent.index, handle, uuid, name, mig=gi, parent=parent)
+                unit.handle = handle
+                found[gi] = unit
+        for gi, gone in parent.migs.items():
+            if found.get(gi) is not gone:
+                self._forget_unit(gone)
+        parent.migs = found
+
+    def _forget_unit(self, unit: _GpuState) -> None:
+        if unit in self._fast_units:
+            self._fast_units = [u for u in self._fast_units if u is not unit]
+        for g in (unit.gpm, unit.fast):
+            if g is not None:
+                g.free()
+        unit.gpm = unit.fast = None
+
+    def _poll_migs(self, parent: _GpuState, t_s: float) -> list[GpuSample]:
+        out = []
+        for _, unit in sorted(parent.migs.items()):
+            try:
+                out.append(self._poll_mig(parent, unit, t_s))
+            except self._error_type as e:  # this instance only (destroyed under us): list again
+                parent.mig_checked_t = None
+                out.append(self._unavailable_unit(unit, t_s, _describe(e, _code(e))))
+        return out
+
+    def _poll_mig(self, parent: _GpuState, unit: _GpuState, t_s: float) -> GpuSample:
+        if unit.failing:
+            unit.failing.clear()
+        mem = self._memory(unit)
+        procs = self._processes(unit)
+        gpm = self._gpm_activity(unit, t_s) if not unit.gpm_checked or unit.gpm is not None else None
+        history: tuple[UtilPoint, ...] = ()
+        if unit.pending:
+            points = []
+            while unit.pending:
+                points.append(unit.pending.popleft())
+            history = tuple(points)
+        elif gpm is not None and gpm.graphics_ratio is not None and unit.fast is None:
+            history = (UtilPoint(round(t_s, 6), gpm.graphics_ratio),)  # one value per tick
+        xids, last_xid = self._xid.seen(parent.index, unit.mig)
+        if self._problems.any_active:
+            self._problems.clear_prefix(
+                f"nvml:gpu {unit.tag}:", keep={f"nvml:gpu {unit.tag}:{f}" for f in unit.failing}
+            )
+        return GpuSample(
+            t_s=t_s,
+            index=parent.index,
+            uuid=unit.uuid,
+            name=unit.name,
+            mem_used_bytes=None if mem is None else int(mem.used),
+            mem_total_bytes=None if mem is None else int(mem.total),
+            processes=tuple(
+                GpuProcess(int(p.pid), _opt_int(getattr(p, "usedGpuMemory", None))) for p in procs
+            )
+            if procs
+            else (),
+            util_history=history,
+            mig=unit.mig,
+            gpm=gpm,
+            xids=xids,
+            last_xid=last_xid,
+        )
+
+    def sample_fast(self, t_s: float) -> None:
+        """One step of MIG activity sampling (the thread calls it MIG_GPM_HZ times a second)."""
+        for unit in list(self._fast_units):
+            fast = unit.fast
+            if fast is None or unit.handle is None:
+                continue
+            try:
+                values = fast.read(t_s)
+            except self._error_type:
+                continue  # the tick's own GPM read reports what fails
+            if values and values[0] is not None:
+                unit.pending.append(UtilPoint(round(t_s, 6), min(1.0, values[0])))
+
+    def _fast_loop(self) -> None:
+        assert self._fast_clock is not None
+        while not self._fast_stop.wait(1.0 / MIG_GPM_HZ):
+            self.sample_fast(self._fast_clock())
+
+    # -- GPM and clock events ------------------------------------------------------------------
+
+    def _gpm_activity(self, state: _GpuState, t_s: float) -> GpmActivity | None:
+        nv = self._nvml
+        if state.gpm is None:
+            if state.gpm_checked:
+                return None
+            state.gpm_checked = True
+            support = self._field(state, "gpm", _fn(nv, "nvmlGpmQueryDeviceSupport"), state.handle)
+            if support is None or not int(support.isSupportedDevice):
+                state.unsupported.add("gpm")
+                return None
+            parent = state.parent
+            take: Callable[[Any], Any]
+            if parent is not None and state.mig is not None:
+                gi = state.mig
+
+                def take(sample: Any) -> Any:
+                    assert parent is not None
+                    return nv.nvmlGpmMigSampleGet(parent.handle, gi, sample)
+            else:
+
+                def take(sample: Any) -> Any:
+                    return nv.nvmlGpmSampleGet(state.handle, sample)
+
+            state.gpm = GpmUnit(nv, take)
+            if state.mig is not None:
+                state.fast = GpmUnit(nv, take, GRAPHICS_ONLY)
+                self._fast_units = [*self._fast_units, state]
+                self._start_fast()
+        try:
+            return state.gpm.activity(t_s)
+        except self._error_type as e:
+            code = _code(e)
+            if code in _UNSUPPORTED_CODES:
+                state.unsupported.add("gpm")
+                self._forget_unit(state)
+                return None
+            if code in _LOST_CODES:
+                raise _GpuLost(_describe(e, code)) from None
+            state.failing.add("gpm")
+            self._problems.note(f"nvml:gpu {state.tag}:gpm", f"{state.where} gpm: {_describe(e, code)}")
+            return None
+
+    def _start_fast(self) -> None:
+        if self._fast_clock is None or self._fast_thread is not None:
+            return
+        self._fast_thread = threading.Thread(target=self._fast_loop, name="gpumon-gpm-mig", daemon=True)
+        self._fast_thread.start()
+
+    def _clock_events(self, state: _GpuState, t_s: float) -> int | None:
+        """The reasons now; the time since the last tick is charged to the reasons seen then."""
+        nv = self._nvml
+        bits = None
+        if "clock_events" not in state.unsupported:
+            bits = self._field(
+                state, "clock_events", _fn(nv, "nvmlDeviceGetCurrentClocksEventReasons"), state.handle
+            )
+        if bits is None and "clock_events" in state.unsupported:  # drivers before 535: the old name
+            bits = self._field(
+                state, "throttle_reasons", _fn(nv, "nvmlDeviceGetCurrentClocksThrottleReasons"), state.handle
+            )
+        prev_t, prev_bits = state.clock_prev_t, state.clock_bits
+        state.clock_prev_t, state.clock_bits = t_s, None if bits is None else int(bits)
+        if prev_t is not None and prev_bits is not None and t_s > prev_t:
+            dt = min(t_s - prev_t, _CLOCK_GAP_CAP_S)
+            for reason in clock_reasons(prev_bits):
+                state.clock_s[reason] = round(state.clock_s.get(reason, 0.0) + dt, 6)
+        return state.clock_bits
 
     def _memory(self, state: _GpuState) -> Any:
         """v2 first, as nvidia-smi, gpustat and nvitop do ("used" without the driver's reserve)."""
@@ -384,8 +648,8 @@ class NvmlSource:
                     raise
         state.failing.add("processes")
         self._problems.note(
-            f"nvml:gpu {state.index}:processes",
-            f"gpu {state.index} processes: the list kept growing while read; left out",
+            f"nvml:gpu {state.tag}:processes",
+            f"{state.where} processes: the list kept growing while read; left out",
         )
         return None
 
@@ -436,6 +700,9 @@ class NvmlSource:
     ) -> Any:
         if name in state.unsupported:
             return None
+        if fn is None:  # not in these bindings (an older pynvml, the simulator)
+            state.unsupported.add(name)
+            return None
         try:
             return fn(*args)
         except self._error_type as e:
@@ -448,15 +715,17 @@ class NvmlSource:
             if code in _LOST_CODES:
                 raise _GpuLost(_describe(e, code)) from None
             state.failing.add(name)
-            self._problems.note(
-                f"nvml:gpu {state.index}:{name}", f"gpu {state.index} {name}: {_describe(e, code)}"
-            )
+            self._problems.note(f"nvml:gpu {state.tag}:{name}", f"{state.where} {name}: {_describe(e, code)}")
             return None
         except Exception as e:  # pynvml's NVMLLibraryMismatchError is a plain Exception
             if type(e).__name__ == "NVMLLibraryMismatchError":
                 state.unsupported.add(name)
                 return None
             raise
+
+
+def _fn(nvml: Any, name: str) -> Any:
+    return getattr(nvml, name, None)
 
 
 def _code(e: BaseException) -> int | None:

@@ -25,6 +25,15 @@
  *   fault unsupported FUNCTION                   FUNCTION answers NOT_SUPPORTED
  *   fault block FUNCTION I SECONDS FROM_US       FUNCTION on GPU I (-1: any) sleeps SECONDS once t >= FROM
  *   fault procs_grow I N                         GPU I's process list grows by N between two calls
+ *   mig I PARENT GI CI MEMTOTAL UUID PROFILE...  a MIG instance: unit I (not counted by GetCount, its
+ *                                                s/t lines are its own timeline) on GPU PARENT, which
+ *                                                is then in MIG mode (no utilization, no samples)
+ *   gpm I SM OCC TENSOR DRAM FP16 FP32 FP64      GPU or MIG unit I has GPM (Hopper): each metric is that
+ *                                                share (0-1) of the unit's utilization timeline; without
+ *                                                this line GPM is not supported on I (pre-Hopper)
+ *   clocks I FROM_US UNTIL_US BITS               clock-event reasons BITS on GPU I in [FROM, UNTIL)
+ *                                                (outside: GpuIdle 0x1 while utilization is 0, else 0)
+ *   xid I AT_US CODE [GI CI]                     an XID event on GPU I once t >= AT (for a registered set)
  *
  * Build: gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fakenvml.c
  */
@@ -34,12 +43,13 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <pthread.h>
 
 typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999,
 };
 
 #define MAX_GPUS 64
@@ -63,6 +73,13 @@ typedef struct {
     row_t *r; size_t nr, cap_r;
     unsigned long long lost_from, lost_until;
     int procs_grow, grow_calls;
+    int configured, is_mig, parent, mig_mode, nmig, mig[8];
+    unsigned int gi, ci;
+    char profile[32];
+    int gpm;
+    double gpm_share[7]; /* SM, occupancy, tensor, DRAM, FP16, FP32, FP64 */
+    struct { unsigned long long from, until, bits; } clocks[8];
+    int nclocks;
 } gpu_t;
 typedef struct nvmlDevice_st { int index; } *nvmlDevice_t;
 
@@ -89,6 +106,10 @@ static char unsupported[64][64];
 static int nunsupported;
 static struct { char fn[64]; int gpu; double seconds; unsigned long long from; } blocks[16];
 static int nblocks;
+#define MAX_XIDS 64
+static struct { int gpu; unsigned long long at, code; unsigned int gi, ci; int delivered; } xids[MAX_XIDS];
+static int nxids;
+static pthread_mutex_t event_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static unsigned long long realtime_us(void) {
     struct timespec ts;
@@ -133,7 +154,7 @@ static void load_config(void) {
             char uuid[96];
             if (sscanf(line, "gpu %d %llu %u %95s %n", &i, &a, &limit, uuid, &n) >= 4 && i >= 0 && i < MAX_GPUS) {
                 gpu_t *g = &gpus[i];
-                g->index = i; g->mem_total = a; g->power_limit_mw = limit;
+                g->index = i; g->mem_total = a; g->power_limit_mw = limit; g->configured = 1;
                 snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
                 snprintf(g->name, sizeof g->name, "%s", line + n);
                 if (i + 1 > ngpus) ngpus = i + 1;
@@ -169,10 +190,49 @@ static void load_config(void) {
             blocks[nblocks].gpu = i; blocks[nblocks].from = c; nblocks++;
         } else if (sscanf(line, "fault procs_grow %d %d", &i, &n) == 2 && i >= 0 && i < MAX_GPUS) {
             gpus[i].procs_grow = n;
+        } else if (strncmp(line, "mig ", 4) == 0) {
+            int parent;
+            unsigned int gi, ci;
+            char uuid[96];
+            if (sscanf(line, "mig %d %d %u %u %llu %95s %n", &i, &parent, &gi, &ci, &a, uuid, &n) >= 6 &&
+                i >= 0 && i < MAX_GPUS && parent >= 0 && parent < MAX_GPUS && gpus[parent].nmig < 8) {
+                gpu_t *g = &gpus[i], *p = &gpus[parent];
+                g->index = i; g->configured = 1; g->is_mig = 1; g->parent = parent; g->gi = gi; g->ci = ci;
+                g->mem_total = a;
+                snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
+                snprintf(g->profile, sizeof g->profile, "%s", line + n);
+                p->mig_mode = 1; p->mig[p->nmig++] = i;
+            }
+        } else if (strncmp(line, "gpm ", 4) == 0) {
+            double f[7];
+            if (sscanf(line, "gpm %d %lf %lf %lf %lf %lf %lf %lf", &i, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6]) == 8 &&
+                i >= 0 && i < MAX_GPUS) {
+                gpus[i].gpm = 1;
+                memcpy(gpus[i].gpm_share, f, sizeof f);
+            }
+        } else if (sscanf(line, "clocks %d %llu %llu %llu", &i, &a, &b, &c) == 4 && i >= 0 && i < MAX_GPUS &&
+                   gpus[i].nclocks < 8) {
+            gpu_t *g = &gpus[i];
+            g->clocks[g->nclocks].from = a; g->clocks[g->nclocks].until = b; g->clocks[g->nclocks].bits = c;
+            g->nclocks++;
+        } else if (strncmp(line, "xid ", 4) == 0 && nxids < MAX_XIDS) {
+            unsigned int gi = 0xFFFFFFFFu, ci = 0xFFFFFFFFu;
+            if (sscanf(line, "xid %d %llu %llu %u %u", &i, &a, &b, &gi, &ci) >= 3 && i >= 0 && i < MAX_GPUS) {
+                xids[nxids].gpu = i; xids[nxids].at = a; xids[nxids].code = b;
+                xids[nxids].gi = gi; xids[nxids].ci = ci; xids[nxids].delivered = 0; nxids++;
+            }
         }
     }
     fclose(f);
-    for (int k = 0; k < MAX_GPUS; k++) handles[k].index = k;
+    for (int k = 0; k < MAX_GPUS; k++) {
+        handles[k].index = k;
+        /* a MIG instance's name is its parent's, with the profile, as NVML names it */
+        if (gpus[k].is_mig) {
+            char name[96];
+            snprintf(name, sizeof name, "%s MIG %s", gpus[gpus[k].parent].name, gpus[k].profile);
+            snprintf(gpus[k].name, sizeof gpus[k].name, "%s", name);
+        }
+    }
 }
 
 /* Every call passes through here: faults first, then the answer. */
@@ -186,13 +246,18 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t dev) {
             (blocks[k].gpu < 0 || (dev && dev->index == blocks[k].gpu)))
             usleep((useconds_t)(blocks[k].seconds * 1e6));
     if (dev) {
-        if (dev < handles || dev >= handles + ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+        if (dev < handles || dev >= handles + MAX_GPUS || !gpus[dev->index].configured) return NVML_ERROR_INVALID_ARGUMENT;
         gpu_t *g = &gpus[dev->index];
+        if (g->is_mig) g = &gpus[g->parent]; /* a lost GPU takes its MIG instances with it */
         if (g->lost_until && t >= g->lost_from && t < g->lost_until) return NVML_ERROR_GPU_IS_LOST;
     }
     return NVML_SUCCESS;
 }
 #define ENTER(dev) do { nvmlReturn_t _r = enter(__func__, dev); if (_r) return _r; } while (0)
+/* What a MIG-enabled GPU and its instances do not report (nvml.h): utilization and its samples */
+#define NOT_ON_MIG(dev) do { if (gpus[(dev)->index].is_mig || gpus[(dev)->index].mig_mode) return NVML_ERROR_NOT_SUPPORTED; } while (0)
+/* What only the parent reports: power, temperature, PCIe */
+#define NOT_ON_MIG_HANDLE(dev) do { if (gpus[(dev)->index].is_mig) return NVML_ERROR_NOT_SUPPORTED; } while (0)
 
 static unsigned long long loop_t(unsigned long long t) {
     return (loop_timeline && timeline_len) ? t % (timeline_len + 1) : t;
@@ -299,6 +364,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
 /* Utilization: the mean of the driver samples in the last util_period_us. */
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     ENTER(d);
+    NOT_ON_MIG(d);
     const gpu_t *g = &gpus[d->index];
     unsigned long long t = loop_t(now_us());
     unsigned long long from = t > util_period_us ? t - util_period_us : 0;
@@ -341,6 +407,7 @@ nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t d, nvmlBAR1Memory_t *m) {
 nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long lastSeen, int *valueType,
                                   unsigned int *count, nvmlSample_t *samples) {
     ENTER(d);
+    NOT_ON_MIG(d);
     if (type != 1) return NVML_ERROR_NOT_SUPPORTED; /* only NVML_GPU_UTILIZATION_SAMPLES */
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     const gpu_t *g = &gpus[d->index];
@@ -374,14 +441,16 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long l
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *p) {
     ENTER(d);
+    NOT_ON_MIG_HANDLE(d);
     const row_t *r = row_at(&gpus[d->index], now_us());
     *p = r ? r->power_mw : 0;
     return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *p) { ENTER(d); *p = gpus[d->index].power_limit_mw; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *p) { ENTER(d); NOT_ON_MIG_HANDLE(d); *p = gpus[d->index].power_limit_mw; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t d, unsigned int *p) { ENTER(d); *p = gpus[d->index].power_limit_mw; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *t) {
     ENTER(d);
+    NOT_ON_MIG_HANDLE(d);
     if (sensor != 0) return NVML_ERROR_NOT_SUPPORTED;
     const row_t *r = row_at(&gpus[d->index], now_us());
     *t = r ? r->temp : 30;
@@ -389,6 +458,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *
 }
 nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned int *v) {
     ENTER(d);
+    NOT_ON_MIG_HANDLE(d);
     const row_t *r = row_at(&gpus[d->index], now_us());
     *v = r ? (counter == 1 ? r->rx_kb : r->tx_kb) : 0;
     return NVML_SUCCESS;
@@ -398,8 +468,6 @@ nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *m) { ENTER(d); *m
 nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t d, int *m) { ENTER(d); *m = 0; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t d, int *m) { ENTER(d); *m = 0; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, int *m) { ENTER(d); *m = 0; return NVML_SUCCESS; }
-nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *m) { ENTER(d); *m = 0; return NVML_SUCCESS; }
-nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *c, unsigned int *p) { ENTER(d); (void)c; (void)p; return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t d, int *c, int *p) { ENTER(d); (void)c; (void)p; return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t d, int *c, int *p) { ENTER(d); (void)c; (void)p; return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *s) { ENTER(d); (void)s; return NVML_ERROR_NOT_SUPPORTED; }
@@ -434,7 +502,9 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *out, si
         unsigned long long mem = k < r->nproc ? r->pmem[k] : 1ULL << 20;
         if (size == sizeof(nvmlProcessInfo_t)) {
             nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)out + k;
-            p->pid = pid; p->usedGpuMemory = mem; p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFFu;
+            p->pid = pid; p->usedGpuMemory = mem;
+            p->gpuInstanceId = g->is_mig ? g->gi : 0xFFFFFFFFu;
+            p->computeInstanceId = g->is_mig ? g->ci : 0xFFFFFFFFu;
         } else {
             nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)out + k;
             p->pid = pid; p->usedGpuMemory = mem;
@@ -450,3 +520,223 @@ static nvmlReturn_t none(unsigned int *c) { if (!c) return NVML_ERROR_INVALID_AR
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, void *p) { ENTER(d); (void)p; return none(c); }
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, void *p) { ENTER(d); (void)p; return none(c); }
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t d, unsigned int *c, void *p) { ENTER(d); (void)p; return none(c); }
+
+/* -- MIG -------------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *m) { ENTER(d); *m = (unsigned int)gpus[d->index].is_mig; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *c, unsigned int *p) {
+    ENTER(d);
+    const gpu_t *g = &gpus[d->index];
+    if (g->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->gpm) return NVML_ERROR_NOT_SUPPORTED; /* MIG came with A100/H100; the stand-in ties it to GPM */
+    *c = *p = (unsigned int)g->mig_mode;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
+    ENTER(d);
+    const gpu_t *g = &gpus[d->index];
+    if (g->is_mig || !g->gpm) return NVML_ERROR_NOT_SUPPORTED;
+    *n = g->mig_mode ? 7 : 0; /* slots, some empty (NOT_FOUND), as a 7-slice H100 has */
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    ENTER(d);
+    const gpu_t *g = &gpus[d->index];
+    if (g->is_mig || !g->mig_mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= 7) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= (unsigned int)g->nmig) return NVML_ERROR_NOT_FOUND;
+    *mig = &handles[g->mig[index]];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent) {
+    ENTER(d);
+    if (!gpus[d->index].is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &handles[gpus[d->index].parent];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    ENTER(d);
+    if (!gpus[d->index].is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = gpus[d->index].gi;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    ENTER(d);
+    if (!gpus[d->index].is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = gpus[d->index].ci;
+    return NVML_SUCCESS;
+}
+
+/* -- GPM (nvml.h: nvmlGpmSupport_t, nvmlGpmMetricsGet_t) -------------------------------------------- */
+
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+typedef struct nvmlGpmSample_st { int unit; unsigned long long t; int taken; } *nvmlGpmSample_t;
+typedef struct { char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo; } nvmlGpmMetric_t;
+#define NVML_GPM_METRIC_MAX 477
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *s) {
+    ENTER(d);
+    if (!s || s->version != 1) return 25; /* ARGUMENT_VERSION_MISMATCH */
+    s->isSupportedDevice = (unsigned int)gpus[d->index].gpm;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *s) {
+    ENTER(NULL);
+    if (!s) return NVML_ERROR_INVALID_ARGUMENT;
+    *s = calloc(1, sizeof **s);
+    return *s ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t s) { ENTER(NULL); free(s); return NVML_SUCCESS; }
+static nvmlReturn_t take_gpm(int unit, nvmlGpmSample_t s) {
+    if (!gpus[unit].gpm) return NVML_ERROR_NOT_SUPPORTED;
+    if (!s) return NVML_ERROR_INVALID_ARGUMENT;
+    s->unit = unit; s->t = now_us(); s->taken = 1;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t s) { ENTER(d); return take_gpm(d->index, s); }
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t d, unsigned int gi, nvmlGpmSample_t s) {
+    ENTER(d);
+    const gpu_t *g = &gpus[d->index];
+    if (!g->gpm) return NVML_ERROR_NOT_SUPPORTED;
+    for (int k = 0; k < g->nmig; k++)
+        if (gpus[g->mig[k]].gi == gi) return take_gpm(g->mig[k], s);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* The mean of the unit's utilization samples in (t1, t2], 0-100: what GRAPHICS_UTIL counts. */
+static double mean_util(const gpu_t *g, unsigned long long t1, unsigned long long t2) {
+    double sum = 0;
+    unsigned long long n = 0;
+    unsigned int last = 0;
+    unsigned long long a = loop_t(t1), b = loop_t(t2);
+    if (b < a) a = 0; /* the loop wrapped: the lap's start */
+    for (size_t k = 0; k < g->ns && g->s[k].t <= b; k++) {
+        last = g->s[k].v;
+        if (g->s[k].t > a) { sum += g->s[k].v; n++; }
+    }
+    return n ? sum / (double)n : (double)last;
+}
+static char *METRIC_NAMES[] = {"", "gr_util", "sm_util", "sm_occupancy"};
+
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    ENTER(NULL);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != 1) return 25;
+    if (!m->sample1 || !m->sample2 || !m->sample1->taken || !m->sample2->taken ||
+        m->sample1->unit != m->sample2->unit || m->numMetrics > NVML_GPM_METRIC_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlGpmSample_t s1 = m->sample1, s2 = m->sample2;
+    if (s2->t < s1->t) { nvmlGpmSample_t x = s1; s1 = s2; s2 = x; }
+    const gpu_t *g = &gpus[s1->unit];
+    double util = mean_util(g, s1->t, s2->t);
+    const row_t *r = row_at(g->is_mig ? &gpus[g->parent] : g, s2->t);
+    for (unsigned int k = 0; k < m->numMetrics; k++) {
+        nvmlGpmMetric_t *x = &m->metrics[k];
+        x->nvmlReturn = NVML_SUCCESS;
+        x->metricInfo.shortName = x->metricInfo.longName = METRIC_NAMES[0];
+        x->metricInfo.unit = METRIC_NAMES[0];
+        if (s2->t - s1->t < 100000) { x->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT; continue; } /* > 100 ms apart */
+        switch (x->metricId) {
+        case 1: x->value = util; x->metricInfo.shortName = METRIC_NAMES[1]; break;
+        case 2: x->value = util * g->gpm_share[0]; x->metricInfo.shortName = METRIC_NAMES[2]; break;
+        case 3: x->value = util * g->gpm_share[1]; x->metricInfo.shortName = METRIC_NAMES[3]; break;
+        case 5: x->value = util * g->gpm_share[2]; break;
+        case 10: x->value = util * g->gpm_share[3]; break;
+        case 13: x->value = util * g->gpm_share[4]; break;
+        case 12: x->value = util * g->gpm_share[5]; break;
+        case 11: x->value = util * g->gpm_share[6]; break;
+        case 20: x->value = r ? r->tx_kb / 1024.0 : 0; break; /* MiB/s */
+        case 21: x->value = r ? r->rx_kb / 1024.0 : 0; break;
+        case 60: x->value = g->is_mig ? 0 : (r ? r->rx_kb / 2048.0 : 0); break;
+        case 61: x->value = g->is_mig ? 0 : (r ? r->tx_kb / 2048.0 : 0); break;
+        default: x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; x->value = 0;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* -- clock events ------------------------------------------------------------------------------ */
+
+static nvmlReturn_t clock_reasons(nvmlDevice_t d, unsigned long long *bits) {
+    const gpu_t *g = &gpus[d->index];
+    if (g->is_mig) g = &gpus[g->parent];
+    unsigned long long t = now_us();
+    for (int k = 0; k < g->nclocks; k++)
+        if (t >= g->clocks[k].from && t < g->clocks[k].until) { *bits = g->clocks[k].bits; return NVML_SUCCESS; }
+    nvmlUtilization_t u = {0, 0};
+    if (!g->mig_mode) nvmlDeviceGetUtilizationRates(&handles[g->index], &u);
+    *bits = u.gpu == 0 ? 0x1ULL : 0; /* GpuIdle */
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *bits) { ENTER(d); return clock_reasons(d, bits); }
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *bits) { ENTER(d); return clock_reasons(d, bits); }
+
+/* -- events (XIDs) ----------------------------------------------------------------------------- */
+
+typedef struct nvmlEventSet_st { unsigned long long registered[MAX_GPUS]; } *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+#define XID_CRITICAL 0x8ULL
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    ENTER(NULL);
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof **set);
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { ENTER(NULL); free(set); return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    ENTER(d);
+    if (gpus[d->index].is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *types = XID_CRITICAL | 0x1ULL /* single-bit ECC */ | 0x2ULL /* double-bit ECC */;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+    ENTER(d);
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpus[d->index].is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (types & ~(XID_CRITICAL | 0x3ULL)) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&event_lock);
+    set->registered[d->index] |= types;
+    pthread_mutex_unlock(&event_lock);
+    return NVML_SUCCESS;
+}
+/* Delivers each scripted XID once, to the first registered set that waits after its time; no GPU
+ * loss check here: a GPU that falls off the bus reports its XID (79) while it is lost. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    ENTER(NULL);
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long waited_us = 0, budget = (unsigned long long)timeout_ms * 1000ULL;
+    for (;;) {
+        unsigned long long t = now_us();
+        pthread_mutex_lock(&event_lock);
+        for (int k = 0; k < nxids; k++) {
+            if (xids[k].delivered || t < xids[k].at || !(set->registered[xids[k].gpu] & XID_CRITICAL)) continue;
+            xids[k].delivered = 1;
+            data->device = &handles[xids[k].gpu];
+            data->eventType = XID_CRITICAL;
+            data->eventData = xids[k].code;
+            data->gpuInstanceId = xids[k].gi;
+            data->computeInstanceId = xids[k].ci;
+            pthread_mutex_unlock(&event_lock);
+            return NVML_SUCCESS;
+        }
+        pthread_mutex_unlock(&event_lock);
+        if (waited_us >= budget) return NVML_ERROR_TIMEOUT;
+        unsigned long long step = budget - waited_us < 10000 ? budget - waited_us : 10000;
+        usleep((useconds_t)step);
+        waited_us += step;
+    }
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
