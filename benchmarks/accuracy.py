@@ -117,10 +117,10 @@ def report(cases: list[Case], score: Score, th: Thresholds, seconds: float) -> s
         f"sample periods {dict(periods)}, {transitions} mid-run transitions, "
         f"{score.gpu_seconds:.0f} scored GPU-seconds; run in {seconds:.0f} s",
         "",
-        f"{'label':<15} {'precision':>9} {'recall':>7} {'F1':>6} {'support':>8}",
+        f"{'label':<27} {'precision':>9} {'recall':>7} {'F1':>6} {'support':>8}",
     ]
     for lab, (p, r, f1, n) in score.per_label().items():
-        lines.append(f"{lab:<15} {p:>9.3f} {r:>7.3f} {f1:>6.3f} {n:>8}")
+        lines.append(f"{lab:<27} {p:>9.3f} {r:>7.3f} {f1:>6.3f} {n:>8}")
     lines.append(
         f"macro-F1 over the {len([x for x in score.per_label() if x in LABELS])} labels: "
         f"{score.macro_f1():.3f}   (goal >= 0.95)"

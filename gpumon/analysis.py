@@ -355,6 +355,10 @@ def _fmt_evidence(e: dict[str, Any]) -> str:
         parts.append(f"disk reads {e['disk_read_bytes_per_s'] / 1e6:.0f} MB/s")
     if e.get("power_ratio") is not None:
         parts.append(f"power {pct('power_ratio')} of limit")
+    if e.get("sm_active") is not None:
+        parts.append(f"SM activity {pct('sm_active')} ({pct('sm_while_busy')} of SMs while busy)")
+    if e.get("clock_held"):
+        parts.append(f"clocks held down: {e['clock_held']}")
     return ", ".join(parts)
 
 

@@ -38,8 +38,13 @@ LABELS = (
     "stalled",
     "sync-stall",
     "underutilized",
+    "underutilized-small-kernels",
 )
-NEVER_STARVED = frozenset({"healthy", "idle", "underutilized"})
+NEVER_STARVED = frozenset({"healthy", "idle", "underutilized", "underutilized-small-kernels"})
+GPM_ONLY = frozenset({"underutilized-small-kernels"})
+HOPPER_SHARE = 0.3
+"""Share of cases on GPUs with GPM (Hopper): SM activity read, some healthy GPUs power-capped,
+some running kernels too small for the GPU (only GPM tells those from fed)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,37 @@ def draw_phase(label: str, rng: random.Random, period_s: float = 1 / 6) -> Phase
     raise ValueError(label)
 
 
+def _on_hopper(scenario: Scenario, rng: random.Random) -> Scenario:
+    """The same workload on a GPU with GPM; a quarter of them small kernels instead."""
+    if rng.random() < 0.25:
+        c, w = _duty_steps(rng, rng.uniform(0.86, 0.99), (0.02, 0.1))
+        phase = replace(
+            sc.SMALL_KERNELS,
+            compute_s=c,
+            wait_s=w,
+            jitter=rng.uniform(0.05, 0.4),
+            sm_fill=rng.uniform(0.1, 0.4),
+            power_busy_ratio=rng.uniform(0.4, 0.6),
+        )
+        label = "underutilized-small-kernels"
+        return Scenario(label, label, ((0.0, phase),), ((0.0, label),))
+    phases = []
+    for start, ph in scenario.phases:
+        capped = ph.has_job and rng.random() < 0.2  # held by the power cap (or heat): slower, still fed
+        phases.append(
+            (
+                start,
+                replace(
+                    ph,
+                    gpm=True,
+                    sm_fill=rng.uniform(0.6, 0.95),
+                    clock_events=rng.choice((0x4, 0x20, 0x40)) if capped else 0,
+                ),
+            )
+        )
+    return replace(scenario, phases=tuple(phases))
+
+
 def _scenario(label: str, rng: random.Random, period_s: float) -> Scenario:
     return Scenario(label, label, ((0.0, draw_phase(label, rng, period_s)),), ((0.0, label),))
 
@@ -186,7 +222,11 @@ def generate(n: int, seed: int = 0, min_s: int = 60, max_s: int = 150) -> list[C
     cases = []
     for i in range(n):
         period = rng.choice([1 / 6, 1.0])
-        labels = [lab for lab in LABELS if not (lab == "starved-host" and period == 1.0)]
+        labels = [
+            lab
+            for lab in LABELS
+            if not (lab == "starved-host" and period == 1.0) and lab not in GPM_ONLY  # drawn below
+        ]
         duration = rng.randint(min_s, max_s)
         gpus = rng.randint(1, 8)
         # a third of the cases are whole fleets that are never starved: false-alarm material
@@ -199,6 +239,10 @@ def generate(n: int, seed: int = 0, min_s: int = 60, max_s: int = 150) -> list[C
                 second = _scenario(rng.choice([x for x in pool if x != first.name]), rng, period)
                 first = first.then(second, float(rng.randint(25, duration - 30)))
             scen.append(first)
+        # GPM cases draw from their own generator, so the cases without it stay as they were
+        hw = random.Random(seed * 1_000_003 + i)
+        if hw.random() < HOPPER_SHARE:
+            scen = [_on_hopper(x, hw) for x in scen]
         cases.append(
             Case(
                 name=f"case{i:03d}",

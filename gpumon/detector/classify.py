@@ -13,6 +13,8 @@ from gpumon.detector.evidence import Evidence
 
 STATES = ("unknown", "idle", "healthy", "starved", "stalled", "sync-stall", "underutilized")
 CAUSES = ("cpu", "io", "host")
+"""Causes of starvation (gpumon_gpu_starvation_cause); `underutilized` has its own: SMALL_KERNELS."""
+SMALL_KERNELS = "small-kernels"
 WASTEFUL = frozenset({"starved", "stalled", "sync-stall", "underutilized"})
 
 
@@ -94,7 +96,19 @@ def classify(
     if changed and ev.duty_since_change is not None:
         duty = ev.duty_since_change
     if duty >= fed:
-        return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time")
+        held = f" (clocks held down: {ev.clock_held})" if ev.clock_held else ""
+        sm = ev.sm_while_busy
+        if sm is not None:  # GPM: busy is not enough, the SMs must be too
+            limit = th.small_kernels_sm + (th.hysteresis if current == "underutilized" else 0.0)
+            if sm < limit:
+                return result(
+                    "underutilized",
+                    SMALL_KERNELS,
+                    _conf(limit - sm, 0.2),
+                    f"kernels ran {duty:.0%} of the time but filled only {sm:.0%} of the SMs while "
+                    f"running: kernels too small for the GPU (a small batch, launch-bound steps){held}",
+                )
+        return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time{held}")
 
     short = _conf(fed - duty, 0.3)
     busiest = ev.busiest_job_core

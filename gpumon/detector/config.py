@@ -67,6 +67,12 @@ class Thresholds:
     """The job's processes together waiting this long for block I/O per second (delayacct, where
     the kernel counts it) point at storage, unless they wait for a CPU longer still."""
 
+    small_kernels_sm: float = _limit(0.50, 0.0, 1.0)
+    """GPM only: a GPU kept busy (fed) whose kernels fill less than this share of its SMs while
+    they run (SM activity / graphics activity) is `underutilized`, cause `small-kernels`: NVML's
+    utilization reads it busy, yet most SMs wait (a small batch, launch-bound steps). NVIDIA's DCGM
+    guide calls SM activity under 0.5 ineffective use of the GPU. Left with hysteresis."""
+
     min_points: int = _limit(4, 1, 10000)
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
 

@@ -10,7 +10,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gpumon.detector.config import Thresholds
-from gpumon.model import GpuSample, HostSample, ProcessCpu, UtilPoint
+from gpumon.model import (
+    HELD_BY_POWER,
+    HELD_BY_SLOWDOWN,
+    HELD_BY_THERMAL,
+    GpuSample,
+    HostSample,
+    ProcessCpu,
+    UtilPoint,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,14 @@ class Evidence:
     busiest_core_ratio: float | None
     iowait_ratio: float | None
     disk_read_bytes_per_s: float | None
+    sm_active: float | None = None
+    """GPM (Hopper and newer): share of SMs busy, averaged over the window. None without GPM."""
+    sm_while_busy: float | None = None
+    """GPM: SM activity over graphics activity: how much of the GPU the kernels fill while they
+    run (1.0: every SM; low: kernels too small for the GPU)."""
+    clock_held: str | None = None
+    """`power`, `thermal` or `slowdown` when that clock-event reason held the clocks down for half
+    of the window or more (the job computes slower, fed or not); None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -274,6 +290,12 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
     def host_avg(attr: str) -> float | None:
         return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
 
+    sm, busy = [], []
+    for s in window.samples:
+        a = s.gpm
+        if a is not None and a.sm_active_ratio is not None and a.graphics_ratio is not None:
+            sm.append(a.sm_active_ratio)
+            busy.append(a.graphics_ratio)
     reads = [
         sum(p.read_bytes_per_s or 0.0 for p in procs)
         for procs in seen
@@ -310,4 +332,22 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
         busiest_core_ratio=host_avg("busiest_core_ratio"),
         iowait_ratio=host_avg("iowait_ratio"),
         disk_read_bytes_per_s=host_avg("disk_read_bytes_per_s"),
+        sm_active=_mean(sm),
+        sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
+        clock_held=_clock_held(window.samples),
     )
+
+
+def _clock_held(samples: Sequence[GpuSample]) -> str | None:
+    """The clock-event reason that held the clocks in half of the window's ticks or more."""
+    bits = [s.clock_events for s in samples if s.clock_events is not None]
+    if not bits:
+        return None
+    for name, mask in (
+        ("thermal", HELD_BY_THERMAL),
+        ("power", HELD_BY_POWER),
+        ("slowdown", HELD_BY_SLOWDOWN),
+    ):
+        if sum(1 for b in bits if b & mask) * 2 >= len(bits):
+            return name
+    return None

@@ -69,11 +69,14 @@ class Verdict:
 
 def waste_share(state: str, evidence: Evidence) -> float:
     """Share of a second of GPU time wasted in this state: the idle share of a starved or
-    underutilized GPU; all of it for a stalled GPU or one spinning in a collective."""
+    underutilized GPU (with GPM, of an underutilized one: the share of SMs idle); all of it for a
+    stalled GPU or one spinning in a collective."""
     if state not in WASTEFUL:
         return 0.0
     if state in ("stalled", "sync-stall") or evidence.duty_cycle is None:
         return 1.0
+    if state == "underutilized" and evidence.sm_active is not None:
+        return max(0.0, 1.0 - evidence.sm_active)  # GPM: the SMs left waiting, busy or not
     return max(0.0, 1.0 - evidence.duty_cycle)
 
 

@@ -53,7 +53,75 @@ class Faults:
     """pynvml function names that answer NOT_SUPPORTED."""
 
 
-class FakeNvml:
+class _GpmSample:
+    """An opaque GPM sample buffer: which GPU, and when (fleet seconds)."""
+
+    gpu: SimGpu | None = None
+    t: float = 0.0
+
+
+class _MetricsGet:
+    """pynvml's c_nvmlGpmMetricsGet_t as gpumon.sources.gpm fills and reads it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: _GpmSample | None = None
+        self.sample2: _GpmSample | None = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
+
+
+class GpmMixin:
+    """GPM on simulated GPUs whose phase says `gpm` (Hopper): activity from the simulated kernel
+    timeline, SM activity the share `sm_fill` of it."""
+
+    fleet: Fleet
+    NVML_GPM_METRICS_GET_VERSION = 1
+    c_nvmlGpmMetricsGet_t = _MetricsGet
+
+    def _check(self, fn: str, gpu: SimGpu | None = None) -> float:
+        raise NotImplementedError
+
+    def nvmlGpmQueryDeviceSupport(self, h: SimGpu) -> Any:
+        t = self._check("nvmlGpmQueryDeviceSupport", h)
+        return SimpleNamespace(version=1, isSupportedDevice=int(h.phase(t).gpm))
+
+    def nvmlGpmSampleAlloc(self) -> _GpmSample:
+        self._check("nvmlGpmSampleAlloc")
+        return _GpmSample()
+
+    def nvmlGpmSampleFree(self, sample: _GpmSample) -> None:
+        self._check("nvmlGpmSampleFree")
+
+    def nvmlGpmSampleGet(self, h: SimGpu, sample: _GpmSample) -> _GpmSample:
+        t = self._check("nvmlGpmSampleGet", h)
+        if not h.phase(t).gpm:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        sample.gpu, sample.t = h, t
+        return sample
+
+    def nvmlGpmMetricsGet(self, get: _MetricsGet) -> _MetricsGet:
+        self._check("nvmlGpmMetricsGet")
+        a, b = get.sample1, get.sample2
+        if a is None or b is None or a.gpu is None or a.gpu is not b.gpu:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu = a.gpu
+        busy = gpu.busy_share(min(a.t, b.t), max(a.t, b.t)) * 100
+        ph = gpu.phase(b.t)
+        values = {1: busy, 2: busy * ph.sm_fill, 3: busy * ph.sm_fill * 0.5, 5: busy * ph.sm_fill * 0.7}
+        for m in get.metrics[: get.numMetrics]:
+            m.nvmlReturn = NVML_SUCCESS if m.metricId in values else NVML_ERROR_NOT_SUPPORTED
+            m.value = values.get(m.metricId, 0.0)
+        return get
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimGpu) -> int:
+        t = self._check("nvmlDeviceGetCurrentClocksEventReasons", h)
+        ph = h.phase(t)
+        busy = h.utilization_now(t) > 0
+        return ph.clock_events if busy else (0x1 if ph.gpm else 0)
+
+
+class FakeNvml(GpmMixin):
     NVMLError = NVMLError
 
     def __init__(self, fleet: Fleet, faults: Faults | None = None) -> None:

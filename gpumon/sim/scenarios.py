@@ -52,6 +52,12 @@ class Phase:
     """Time waiting for block I/O, per second (what delayacct counts)."""
     other_cores: float = 0.0
     """Cores kept busy by other processes on the host (contention: not the job's)."""
+    gpm: bool = False
+    """The GPU has GPM (Hopper and newer): SM activity and the rest are read."""
+    sm_fill: float = 0.85
+    """With GPM: the share of SMs the job's kernels keep busy while they run."""
+    clock_events: int = 0
+    """Clock-event reasons (nvml.h bits) while a kernel runs: 0x4 power cap, 0x20/0x40 thermal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,12 @@ STARVED_IO_CONTENDED = Phase(
 """Loaders waiting on a slow disk while other work saturates the CPUs: iowait near 0 (the CPUs are
 busy, not idle), the reads as modest as the contended CPU-bound case's."""
 
+SMALL_KERNELS = Phase(compute_s=0.05, wait_s=0.002, gpm=True, sm_fill=0.25, power_busy_ratio=0.45)
+"""A batch too small for the GPU: kernels back to back (NVML reads ~97% busy), each filling a
+quarter of the SMs. Only GPM can tell it from a fed job."""
+HEALTHY_HOPPER = replace(HEALTHY, gpm=True)
+HEALTHY_POWER_CAPPED = replace(HEALTHY, gpm=True, clock_events=0x4, power_busy_ratio=1.0)
+
 SWITCH_S = 30.0
 """When `healthy-then-starved` turns starved, in seconds from the start of the run."""
 
@@ -246,6 +258,19 @@ SCENARIOS: dict[str, Scenario] = {
             "steady, gap-free ~35% use: batch or model too small for the GPU",
             UNDERUTILIZED,
             "underutilized",
+        ),
+        _one(
+            "small-kernels",
+            "Hopper (GPM): ~97% busy to NVML, but the kernels fill a quarter of the SMs",
+            SMALL_KERNELS,
+            "underutilized-small-kernels",
+        ),
+        _one("healthy-hopper", "fed training on a GPU with GPM (SM activity 85%)", HEALTHY_HOPPER, "healthy"),
+        _one(
+            "healthy-power-capped",
+            "fed training on a GPU with GPM whose clocks the power cap holds down: slower, still fed",
+            HEALTHY_POWER_CAPPED,
+            "healthy",
         ),
     )
 }
