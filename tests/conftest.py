@@ -28,12 +28,14 @@ def gpumon(
     )
 
 
-def start_serve(*args: str, port: int, stderr: int | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+def start_serve(
+    *args: str, port: int, stderr: int | None = subprocess.DEVNULL, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """`gpumon serve ARGS --listen 127.0.0.1:PORT` as a child process, as a user would run it."""
     return subprocess.Popen(
         [sys.executable, "-m", "gpumon", "serve", *args, "--listen", f"127.0.0.1:{port}"],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(env if env is not None else os.environ, PYTHONPATH=str(ROOT)),
         stdout=subprocess.DEVNULL,
         stderr=stderr,
     )

@@ -353,6 +353,7 @@ class NvmlSource:
     def _unavailable(self, index: int, t_s: float, why: str) -> GpuSample:
         self._problems.note(f"nvml:gpu {index}:unavailable", f"gpu {index}: unavailable: {why}")
         state = self._gpus.get(index)
+        xids, last_xid = self._xid.seen(index, None)  # a GPU falling off the bus says XID 79 as it goes
         return GpuSample(
             t_s=t_s,
             index=index,
@@ -360,11 +361,22 @@ class NvmlSource:
             name=state.name if state else "",
             available=False,
             error=why,
+            xids=xids,
+            last_xid=last_xid,
         )
 
     def _unavailable_unit(self, m: _GpuState, t_s: float, why: str) -> GpuSample:
+        xids, last_xid = self._xid.seen(m.index, m.mig)
         return GpuSample(
-            t_s=t_s, index=m.index, uuid=m.uuid, name=m.name, available=False, error=why, mig=m.mig
+            t_s=t_s,
+            index=m.index,
+            uuid=m.uuid,
+            name=m.name,
+            available=False,
+            error=why,
+            mig=m.mig,
+            xids=xids,
+            last_xid=last_xid,
         )
 
     def _state(self, index: int) -> _GpuState:

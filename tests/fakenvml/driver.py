@@ -126,7 +126,9 @@ def mig_config(
                     _, mem, _limit, _uuid, *_ = rest.split()
                     gi = k + 1
                     uuid = f"MIG-{gi:08x}-0000-4000-8000-{mig_parent:012x}"
-                    line = f"mig {MIG_BASE + k} {mig_parent} {gi} 0 {int(mem) // 8} {uuid} {MIG_PROFILES[k % 5]}"
+                    line = (
+                        f"mig {MIG_BASE + k} {mig_parent} {gi} 0 {int(mem) // 8} {uuid} {MIG_PROFILES[k % 5]}"
+                    )
                 else:
                     fields = rest.split()[1:]
                     if word == "t":  # an eighth of the GPU: memory used scaled to the slice
