@@ -38,6 +38,17 @@ echo "== gpumon analyze"
 g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl" --plot "$OUT/gpu-check.png" || \
   g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl"
 echo "== ground truth windows"; cat "$OUT/truth.jsonl"
+echo "== Hopper (issue 14): GPM support and activity while fed and starved, clock events, XIDs"
+"$PY" -c 'import pynvml as n; n.nvmlInit(); h=n.nvmlDeviceGetHandleByIndex(0)
+for what, f in (("GPM supported", lambda: n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice),
+                ("MIG mode (current, pending)", lambda: n.nvmlDeviceGetMigMode(h)),
+                ("clock-event reasons now", lambda: hex(n.nvmlDeviceGetCurrentClocksEventReasons(h))),
+                ("supported event types", lambda: hex(n.nvmlDeviceGetSupportedEventTypes(h)))):
+    try: print(what + ":", f())
+    except Exception as e: print(what + ":", type(e).__name__, e)'
+"$PY" -m benchmarks.gpm_summary "$OUT/gpu-trace.jsonl" "$OUT/truth.jsonl" || echo "gpu_check: gpm_summary failed"
+echo "== NVML and GPM cost per tick on this machine's GPUs (CPU ms, median of 3 x 30 ticks)"
+timeout 120 "$PY" -m benchmarks.nvml_cost --real --ticks 30 --repeats 3 || echo "gpu_check: nvml_cost failed"
 echo "== data-parallel ranks (issue 18)"
 ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 if [ "${ngpu:-0}" -ge 2 ]; then

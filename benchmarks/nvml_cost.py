@@ -13,10 +13,18 @@ time.process_time (sleeps do not count), median of --repeats runs of --ticks tic
                    hang bracketed by the guard (gpumon.guard), on a thread a supervisor watches
                    with a 1 s deadline (the whole measurement runs on that thread)
   gpumon, no guard NvmlSource.poll without the guard (what simulated GPUs run)
+  gpumon, GPM off  NvmlSource.poll with GPM not read (the stand-in's GPUs are Hopper-like: GPM
+                   supported; issue 14's goal: GPM adds at most 50% to the NVML side)
   gpustat          gpustat.new_query(), gpustat's Python API for one query of all GPUs
   nvitop           [d.as_snapshot() for d in Device.all()], nvitop's API snapshot
 
 Goals (issue 3): gpumon within 1.5x of the floor; at least 5x cheaper per sample than gpustat.
+The floor makes the pre-GPM calls, so the issue-3 ratio is read on "gpumon, GPM off".
+
+    python -m benchmarks.nvml_cost --real [--ticks 30]   (on a machine with NVIDIA GPUs)
+
+measures the same contenders on the machine's own GPUs (no peers), ticks 0.11 s apart so that
+each GPM read takes a sample (NVML's samples must be more than 100 ms apart).
 """
 
 from __future__ import annotations
@@ -33,19 +41,28 @@ from pathlib import Path
 GPUS = int(os.environ.get("NVML_COST_GPUS", "8"))
 
 
+SPACING_S = float(os.environ.get("NVML_COST_SPACING_S", "0"))
+"""Sleep between ticks (not counted: process time): 0.11 s on real GPUs, for GPM's 100 ms rule."""
+
+
 def interleaved(contenders: dict[str, tuple[Callable[[], object], int]], repeats: int) -> dict[str, float]:
     """Median CPU seconds per tick of each contender; each round runs every contender once, so a
     slow spell of the shared machine hits all of them alike."""
     for tick, _ in contenders.values():
         for _ in range(5):
             tick()  # warm up: handles, caches, first-call costs
+            time.sleep(SPACING_S)
     runs: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, (tick, ticks) in contenders.items():
-            t0 = time.process_time()
+            spent = 0.0
             for _ in range(ticks):
+                t0 = time.process_time()
                 tick()
-            runs[name].append((time.process_time() - t0) / ticks)
+                spent += time.process_time() - t0
+                if SPACING_S:
+                    time.sleep(SPACING_S)
+            runs[name].append(spent / ticks)
     return {name: statistics.median(values) for name, values in runs.items()}
 
 
@@ -79,6 +96,7 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
                 pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+                pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
                 [(p.pid, p.usedGpuMemory) for p in procs],
             ]
             try:
@@ -90,24 +108,37 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
             out.append(tuple(values))
         return out
 
-    clock = time.monotonic
+    # Each poll a second after the last on gpumon's side, so every GPM read takes a sample and
+    # computes metrics (within 100 ms of the last it takes nothing: cheaper than a real tick).
+    ticks_done = [0.0, 0.0, 0.0]
+
+    def clock(k: int) -> float:
+        ticks_done[k] += 1.0
+        return ticks_done[k]
+
     guard = CallGuard()
     guarded = NvmlSource(pynvml, guard=guard)
     guarded.open()
     direct = NvmlSource(pynvml)
     direct.open()
+    no_gpm = NvmlSource(pynvml, guard=CallGuard(), gpm=False)
+    no_gpm.open()
     supervisor = Supervisor(guard, 1.0)
 
     contenders: dict[str, tuple[Callable[[], object], int]] = {
         "floor (bare pynvml calls)": (floor, ticks),
-        "gpumon": (lambda: guarded.poll(clock()), ticks),
-        "gpumon, no guard": (lambda: direct.poll(clock()), ticks),
+        "gpumon": (lambda: guarded.poll(clock(0)), ticks),
+        "gpumon, no guard": (lambda: direct.poll(clock(1)), ticks),
+        "gpumon, GPM off": (lambda: no_gpm.poll(clock(2)), ticks),
     }
     results = supervisor.call(lambda: interleaved(contenders, repeats))
+    gpm_share = results["gpumon"] / results["gpumon, GPM off"] - 1
+    gpm_line = f"GPM adds {gpm_share:+.0%} to the NVML side (goal: at most +50%)"
     if not peers:
         base = results["floor (bare pynvml calls)"]
         for name, value in results.items():
             print(f"{GPUS} GPUs  {name:<28} {value * 1e3:>8.3f} ms/tick  {value / base:>5.2f}x the floor")
+        print(gpm_line)
         return
     # Imported only now: gpustat replaces pynvml.nvmlDeviceGetMemoryInfo when imported.
     import gpustat
@@ -135,9 +166,10 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
             f"{value / ours:>9.2f}x"
         )
     print(
-        f"goals: gpumon within 1.5x of the floor: {ours / base:.2f}x; "
+        f"goals: gpumon (GPM off) within 1.5x of the floor: {results['gpumon, GPM off'] / base:.2f}x; "
         f"at least 5x cheaper than gpustat: {results['gpustat new_query()'] / ours:.1f}x"
     )
+    print(gpm_line)
 
 
 def main() -> None:
@@ -146,10 +178,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gpus", type=int, default=8, help="stand-in GPUs (at most 64)")
     ap.add_argument("--no-peers", action="store_true", help="skip gpustat and nvitop (slow at 64 GPUs)")
+    ap.add_argument("--real", action="store_true", help="the machine's own GPUs, not the stand-in")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.ticks, args.repeats, not args.no_peers)
+        return
+    if args.real:
+        import pynvml
+
+        pynvml.nvmlInit()
+        global GPUS, SPACING_S
+        GPUS, SPACING_S = pynvml.nvmlDeviceGetCount(), 0.11
+        pynvml.nvmlShutdown()
+        child(args.ticks, args.repeats, False)
         return
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
@@ -159,6 +201,9 @@ def main() -> None:
         config = driver.simulated_config(
             Path(tmp), "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
         )
+        shares = " ".join(map(str, driver.GPM_SHARES))
+        with config.open("a") as f:  # Hopper-like GPUs: GPM supported on every one
+            f.writelines(f"gpm {i} {shares}\n" for i in range(args.gpus))
         env = driver.environment(config, PYTHONPATH=str(root), NVML_COST_GPUS=str(args.gpus))
         os.execve(
             sys.executable,

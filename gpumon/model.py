@@ -6,6 +6,7 @@ of the recording. A field the hardware does not report is `None`, never NaN or z
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,6 +88,7 @@ HELD_BY_THERMAL = 0x20 | 0x40
 HELD_BY_SLOWDOWN = 0x8
 
 
+@functools.cache
 def clock_reasons(bits: int) -> tuple[str, ...]:
     """The named reasons in a bitmask (unknown bits as `other`)."""
     names = tuple(name for bit, name in CLOCK_EVENT_REASONS.items() if bits & bit)

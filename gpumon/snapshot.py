@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.detector.tracker import Episode, Verdict
-from gpumon.model import Tick
+from gpumon.model import Tick, clock_reasons
 from gpumon.pipeline.spec import is_simulated
 from gpumon.recorder import RecorderStats
 from gpumon.sampler import SourceStats
@@ -100,6 +100,16 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "episodes": [_episode_json(e, s.unix_offset_s) for e in c.episodes] if c else [],
                 "jobs": [job_to_dict(j) for j in g.jobs],
                 "unattributed": g.unattributed,
+                "mig": g.mig,
+                "gpm": None if g.gpm is None else {k: v for k, v in g.gpm._asdict().items() if v is not None},
+                "clock_event_reasons": None
+                if g.clock_events is None
+                else list(clock_reasons(g.clock_events)),
+                "clock_event_seconds": {k: _r(v, 3) for k, v in g.clock_event_s},
+                "xids": {str(x.xid): x.seen for x in g.xids},
+                "last_xid": None
+                if g.last_xid is None
+                else {"xid": g.last_xid[0], "time_unix_s": round(g.last_xid[1], 3)},
             }
         )
     return {

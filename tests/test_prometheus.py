@@ -64,7 +64,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         "--config",
         str(tmp / "gpumon.toml"),
         "--simulate",
-        "starved-cpu,healthy",
+        "starved-cpu,healthy-power-capped",  # GPU 1 with GPM and its clocks held by the power cap
         port=gp,
         stderr=subprocess.PIPE,
     )
@@ -127,6 +127,11 @@ def concrete(expr: str) -> str:
     )
 
 
+EVENTS_ONLY = {"XID errors (range)"}
+"""Panels with data only after an event no simulated GPU has (an XID): their queries must still
+be valid PromQL; tests/test_hopper.py serves a scripted XID through the stand-in driver."""
+
+
 def test_every_dashboard_query_returns_data(stack) -> None:
     base, _ = stack
     time.sleep(6)  # rate() and increase() need a few samples in their window
@@ -134,7 +139,7 @@ def test_every_dashboard_query_returns_data(stack) -> None:
     for title, expr in dashboard_queries():
         doc = api(base, "/api/v1/query", query=concrete(expr))
         assert doc["status"] == "success", (title, expr, doc)
-        if not doc["data"]["result"]:
+        if not doc["data"]["result"] and title not in EVENTS_ONLY:
             empty.append(f"{title}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
     dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())

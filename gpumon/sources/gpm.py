@@ -9,6 +9,8 @@ sample and returns the metrics between it and the one before. NVML's samples mus
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +37,13 @@ METRICS: tuple[tuple[int, str, float], ...] = (
 )
 GRAPHICS_ONLY: tuple[tuple[int, str, float], ...] = METRICS[:1]
 """What the fast MIG sampling asks for: activity, for bursts and gaps."""
+_RATIOS = sum(1 for _, name, _ in METRICS if name.endswith("_ratio"))
+assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is in GpmActivity's order"
+
+# nvml.h's nvmlGpmMetric_t: {unsigned int metricId; nvmlReturn_t nvmlReturn; double value;
+# nvmlGpmMetricInfo_t {char *shortName, *longName, *unit}}: 40 bytes on x86-64 and aarch64.
+# Read in one unpack rather than one ctypes proxy per metric and field (benchmarks/nvml_cost.py).
+_METRIC = struct.Struct("=Iid24x")
 
 
 class GpmUnit:
@@ -60,6 +69,14 @@ class GpmUnit:
         for i, (metric_id, _, _) in enumerate(self._metrics):
             get.metrics[i].metricId = metric_id
         self._get = get
+        self._scales = [scale for _, _, scale in self._metrics]
+        self._raw: Any = None
+        try:  # the real bindings' ctypes struct: its metrics read straight from memory
+            if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:
+                n = len(self._metrics)
+                self._raw = (ctypes.c_char * (_METRIC.size * n)).from_address(ctypes.addressof(get.metrics))
+        except TypeError:  # a look-alike (the simulator's): read its attributes
+            self._raw = None
 
     def read(self, t_s: float) -> list[float | None] | None:
         """Take a sample at `t_s`; the metrics since the previous one (None on the first, and
@@ -78,21 +95,28 @@ class GpmUnit:
         get.sample1 = older
         get.sample2 = newer
         self._nv.nvmlGpmMetricsGet(get)
+        if self._raw is not None:
+            found = _METRIC.iter_unpack(self._raw.raw)
+            return [
+                None if ret else (value * scale if value > 0 else 0.0)
+                for (_, ret, value), scale in zip(found, self._scales, strict=True)
+            ]
         out: list[float | None] = []
-        for i, (_, _, scale) in enumerate(self._metrics):
+        for i, scale in enumerate(self._scales):
             m = get.metrics[i]
             out.append(None if m.nvmlReturn != 0 else max(0.0, float(m.value)) * scale)
         return out
 
     def activity(self, t_s: float) -> GpmActivity | None:
+        """All of METRICS as a GpmActivity (a unit made with METRICS only)."""
         values = self.read(t_s)
         if values is None:
             return None
-        fields = {name: v for (_, name, _), v in zip(self._metrics, values, strict=True)}
-        for name, v in fields.items():
-            if v is not None and name.endswith("_ratio"):
-                fields[name] = round(min(1.0, v), 4)
-        return GpmActivity(**fields)
+        for i in range(_RATIOS):
+            v = values[i]
+            if v is not None:
+                values[i] = round(v if v < 1.0 else 1.0, 4)
+        return GpmActivity(*values)
 
     def free(self) -> None:
         for s in self._samples:

@@ -171,6 +171,7 @@ class NvmlSource:
         guard: CallGuard | None = None,
         retry_init: bool = False,
         fast_clock: Callable[[], float] | None = None,
+        gpm: bool = True,
     ) -> None:
         """`fast_clock`: the sampler's clock, for the MIG activity thread (without it, a MIG
         instance's history is one GPM value per tick; tests drive `sample_fast` themselves)."""
@@ -188,6 +189,9 @@ class NvmlSource:
         self._init_error = "NVML not initialised yet"
         self._xid = XidWatcher(nvml, self._problems)
         self._fast_clock = fast_clock
+        self._gpm_on = gpm
+        self._clock_fn = _fn(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+        self._throttle_fn = _fn(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
         self._fast_units: list[_GpuState] = []
         self._fast_stop = threading.Event()
         self._fast_thread: threading.Thread | None = None
@@ -443,11 +447,15 @@ class NvmlSource:
             if procs
             else (),
             history,
-            gpm=gpm,
-            clock_events=clock_bits,
-            clock_event_s=tuple(state.clock_s.items()) if state.clock_s else (),
-            xids=xids,
-            last_xid=last_xid,
+            None,  # error
+            (),  # jobs
+            None,  # unattributed
+            None,  # mig
+            gpm,
+            clock_bits,
+            tuple(state.clock_s.items()) if state.clock_s else (),
+            xids,
+            last_xid,
         )
 
     # -- MIG -----------------------------------------------------------------------------------
@@ -566,6 +574,8 @@ class NvmlSource:
             if state.gpm_checked:
                 return None
             state.gpm_checked = True
+            if not self._gpm_on:
+                return None
             support = self._field(state, "gpm", _fn(nv, "nvmlGpmQueryDeviceSupport"), state.handle)
             if support is None or not int(support.isSupportedDevice):
                 state.unsupported.add("gpm")
@@ -610,16 +620,9 @@ class NvmlSource:
 
     def _clock_events(self, state: _GpuState, t_s: float) -> int | None:
         """The reasons now; the time since the last tick is charged to the reasons seen then."""
-        nv = self._nvml
-        bits = None
-        if "clock_events" not in state.unsupported:
-            bits = self._field(
-                state, "clock_events", _fn(nv, "nvmlDeviceGetCurrentClocksEventReasons"), state.handle
-            )
+        bits = self._field(state, "clock_events", self._clock_fn, state.handle)
         if bits is None and "clock_events" in state.unsupported:  # drivers before 535: the old name
-            bits = self._field(
-                state, "throttle_reasons", _fn(nv, "nvmlDeviceGetCurrentClocksThrottleReasons"), state.handle
-            )
+            bits = self._field(state, "throttle_reasons", self._throttle_fn, state.handle)
         prev_t, prev_bits = state.clock_prev_t, state.clock_bits
         state.clock_prev_t, state.clock_bits = t_s, None if bits is None else int(bits)
         if prev_t is not None and prev_bits is not None and t_s > prev_t:

@@ -116,6 +116,8 @@ class XidWatcher:
         log.warning("%s: XID %d", where, xid)
 
     def seen(self, index: int, mig: int | None) -> tuple[tuple[XidCount, ...], tuple[int, float] | None]:
+        if not self._counts:  # every GPU on every tick asks: the usual answer without the lock
+            return (), None
         with self._lock:
             per = self._counts.get((index, mig))
             counts = tuple(XidCount(x, n) for x, n in sorted(per.items())) if per else ()
