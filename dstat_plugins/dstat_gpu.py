@@ -33,7 +33,8 @@ class types:  # noqa: N801 - the name dstat's showcsv looks up
 
 _gpumon_state_codes = {
     "healthy": "ok", "starved-cpu": "STcpu", "starved-io": "STio", "starved-host": "SThst",
-    "stalled": "stall", "sync-stall": "sync", "underutilized": "under", "idle": "idle", "unknown": "?",
+    "stalled": "stall", "sync-stall": "sync", "underutilized": "under",
+    "underutilized-small-kernels": "small", "idle": "idle", "unknown": "?",
 }
 _gpumon_alarm_states = ("starved", "stalled", "sync-stall")
 
@@ -65,7 +66,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         state = self._daemon_state()
         if state is not None and state.get("ready"):
             self.mode = "daemon"
-            gpus = [g["index"] for g in state.get("gpus", [])]
+            gpus = [_column(g) for g in state.get("gpus", [])]
         else:
             gpus = self._nvml_open()
             if gpus is None:
@@ -77,7 +78,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
             self.mode = "nvml"
         if not gpus:
             raise Exception("no GPUs found (%s)" % ("gpumon daemon" if self.mode == "daemon" else "NVML"))
-        self.vars = ["gpu%d" % i for i in gpus]
+        self.vars = ["gpu%s" % i for i in gpus]
         self.name = list(self.vars)
         return True
 
@@ -157,13 +158,15 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
     def extract(self):
         if self.mode == "daemon":
             state = self._daemon_state() or {}
-            by_name = {"gpu%d" % g["index"]: g for g in state.get("gpus", [])}
+            by_name = {"gpu%s" % _column(g): g for g in state.get("gpus", [])}
             for name in self.vars:
                 g = by_name.get(name)
                 if g is None or not g.get("available", False):
                     self.val[name] = [-1, -1, "-" if g is None else "lost"]
                     continue
                 util = g.get("util_ratio")
+                if util is None:  # a MIG instance: GPM's activity is all NVML gives
+                    util = (g.get("gpm") or {}).get("graphics_ratio")
                 mem = g.get("mem_used_ratio")
                 self.val[name] = [
                     -1 if util is None else 100.0 * util,
@@ -200,3 +203,9 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
 
 
 dool_plugin = dstat_plugin
+
+
+def _column(g):
+    """A GPU's column: its index; a MIG instance's, PARENTmID (`gpu1m2`: GPU 1's instance 2)."""
+    mig = g.get("mig")
+    return "%d" % g["index"] if mig is None else "%dm%d" % (g["index"], mig)

@@ -31,7 +31,8 @@ PLUGIN = """\
 #
 # Per GPU: utilization %, memory used %, and gpumon's verdict as dstat's short codes:
 #   ok healthy   STcpu STio SThst starved by CPU, storage, the host   stall stalled
-#   sync sync-stall   under underutilized   idle no job   ? unknown   lost the GPU is lost
+#   sync sync-stall   under underutilized   small kernels too small (GPM)   idle no job
+#   ? unknown   lost the GPU is lost
 # The metrics come from `gpumon serve` through PCP's openmetrics PMDA (config.d/gpumon.url).
 # With the daemon down the columns stay empty: `pminfo -f openmetrics.control.status` says why.
 #

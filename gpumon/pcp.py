@@ -23,6 +23,7 @@ STATE_CODES = {
     "stalled": "stall",
     "sync-stall": "sync",
     "underutilized": "under",
+    "underutilized-small-kernels": "small",
     "idle": "idle",
     "unknown": "?",
 }
@@ -47,6 +48,8 @@ class Row:
     util_pct: float | None
     mem_pct: float | None
     code: str
+    mig: int | None = None
+    """A MIG instance's GPU instance id: its PCP instance is `gpu<INDEX>mig<ID>`."""
 
 
 def rows(s: Snapshot | None) -> list[Row]:
@@ -59,9 +62,10 @@ def rows(s: Snapshot | None) -> list[Row]:
             else None
         )
         util = None if g.util_ratio is None else 100.0 * g.util_ratio
-        out.append(
-            Row(g.index, g.uuid, util, mem, state_code(v.label if v is not None else None, g.available))
-        )
+        if util is None and g.gpm is not None and g.gpm.graphics_ratio is not None:
+            util = 100.0 * g.gpm.graphics_ratio  # a MIG instance: GPM's activity is all there is
+        code = state_code(v.label if v is not None else None, g.available)
+        out.append(Row(g.index, g.uuid, util, mem, code, g.mig))
     return out
 
 
@@ -74,7 +78,8 @@ def render_rows(rows: list[Row]) -> bytes:
     the `instname` label names the PCP instance."""
 
     def inst(r: Row) -> str:
-        return f'{{instname="gpu{r.index}",gpu="{r.index}",uuid="{r.uuid}"}}'
+        name = f"gpu{r.index}" if r.mig is None else f"gpu{r.index}mig{r.mig}"
+        return f'{{instname="{name}",gpu="{r.index}",uuid="{r.uuid}"}}'
 
     out = [
         "# PCP5 gpu.util 144.1.1 u32 144.1 instant none",
@@ -89,7 +94,7 @@ def render_rows(rows: list[Row]) -> bytes:
     out += [
         "# PCP5 gpu.state 144.1.3 string 144.1 instant none",
         "# HELP gpu_state gpumon's verdict as dstat's short code: "
-        "ok STcpu STio SThst stall sync under idle ? lost -",
+        "ok STcpu STio SThst stall sync under small idle ? lost -",
     ]
     out += [f"gpu_state{inst(r)} {r.code}" for r in rows]
     return ("\n".join(out) + "\n").encode()

@@ -225,6 +225,20 @@ def test_gpumon_devices_json_lists_the_parent_and_its_mig_instances(library: Pat
     assert all(r["uuid"].startswith("MIG-") for r in rows[2:]) and "MIG 1g.10gb" in rows[2]["name"]
     table = gpumon("devices", env=driver.environment(config))
     assert "  1/3  " in table.stdout, table.stdout
+    # nvitop's MIG view of the same driver: the same instances, ids, UUIDs and memory
+    nvitop = python(
+        """
+        import json
+        from nvitop import Device
+        print(json.dumps([[d.index, None, d.uuid(), d.memory_total()] for d in Device.all()] + [
+            [m.index[0], m.gpu_instance_id(), m.uuid(), m.memory_total()]
+            for d in Device.all() for m in d.mig_devices()]))
+    """,
+        driver.environment(config),
+    )
+    assert nvitop.returncode == 0, nvitop.stderr
+    ours = [[r["index"], r["mig"], r["uuid"], r["mem_total_bytes"]] for r in rows]
+    assert ours == json.loads(nvitop.stdout)
 
 
 # -- through the daemon -------------------------------------------------------------------------

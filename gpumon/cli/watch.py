@@ -110,8 +110,11 @@ def _show(tick: Tick, verdicts: list[Verdict], color: bool) -> None:
         if color:
             text = f"\033[{_COLORS.get(v.state, '0')}m{text}\033[0m"
         jobs = " ".join(f"job {j.job_id}" + (f" ({j.user})" if j.user else "") for j in g.jobs) if g else ""
+        gpu = str(v.index) if g is None or g.mig is None else f"{v.index}/{g.mig}"  # GPU/MIG instance
+        if util == "-" and g is not None and g.gpm is not None and g.gpm.graphics_ratio is not None:
+            util = f"{g.gpm.graphics_ratio:.0%}"  # a MIG instance: GPM's activity
         print(
-            f"{tick.t_s:7.1f} {v.index:>3} {util:>5} {duty:>5} {mem:>5} {cpu:>7}  {text} "
+            f"{tick.t_s:7.1f} {gpu:>3} {util:>5} {duty:>5} {mem:>5} {cpu:>7}  {text} "
             f"{v.cause or '-':<5} {v.confidence:4.2f} {tick.t_s - v.since_s:5.0f}s"
             + (f"  {jobs}" if jobs else ""),
             flush=True,
