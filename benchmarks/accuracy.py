@@ -91,16 +91,30 @@ def score_case(case: Case, analysis: Analysis, th: Thresholds, score: Score) -> 
             score.false_alarms += sum(1 for e in rep.episodes if e.state == "starved")
 
 
-def run(cases: list[Case], th: Thresholds, keep: str | None = None) -> Score:
+KINDS = ("no GPM", "GPM", "MIG (GPM only)")
+
+
+def kind(case: Case) -> str:
+    """Which GPUs the case runs on: without GPM, with GPM (Hopper), or as MIG instances."""
+    phases = [ph for sc in case.scenarios for _, ph in sc.phases]
+    if any(ph.mig for ph in phases):
+        return KINDS[2]
+    return KINDS[1] if any(ph.gpm for ph in phases) else KINDS[0]
+
+
+def run(cases: list[Case], th: Thresholds, keep: str | None = None) -> tuple[Score, dict[str, Score]]:
     score = Score()
+    by_kind = {k: Score() for k in KINDS}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for case in cases:
             path = str(folder / f"{case.name}.jsonl")
             record(case, path)
-            score_case(case, analyze(path, th), th, score)
-    return score
+            a = analyze(path, th)
+            score_case(case, a, th, score)
+            score_case(case, a, th, by_kind[kind(case)])
+    return score, by_kind
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -108,7 +122,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def report(cases: list[Case], score: Score, th: Thresholds, seconds: float) -> str:
+def report(
+    cases: list[Case], score: Score, th: Thresholds, seconds: float, by_kind: dict[str, Score] | None = None
+) -> str:
     gpus = sum(len(c.scenarios) for c in cases)
     periods = Counter("1/6 s" if c.period_s < 0.5 else "1 s" for c in cases)
     transitions = sum(len(c.transitions(i)) for c in cases for i in range(len(c.scenarios)))
@@ -156,6 +172,18 @@ def report(cases: list[Case], score: Score, th: Thresholds, seconds: float) -> s
         f"false starvation alarms on never-starved traces: {score.false_alarms} in "
         f"{hours:.2f} GPU-hours ({rate:.2f}/h; goal 0)"
     )
+    if by_kind:
+        lines.append("")
+        lines.append("by the GPUs the cases run on (issue 14):")
+        for name, sc in by_kind.items():
+            n = sum(1 for c in cases if kind(c) == name)
+            starv = [x for lab, x in sc.latencies if lab.startswith("starved") and x is not None]
+            onset = f"onset p95 {_pct(starv, 0.95):.1f} s ({len(starv)})" if starv else "no onsets"
+            h = sc.never_starved_gpu_s / 3600
+            lines.append(
+                f"  {name:<15} {n:>3} cases, {sc.gpu_seconds:>6.0f} GPU-s: macro-F1 {sc.macro_f1():.3f}, "
+                f"{onset}, false alarms {sc.false_alarms} in {h:.2f} GPU-h"
+            )
     confusions = [(n, t, p) for (t, p), n in score.confusion.items() if t != p]
     if confusions:
         lines.append("")
@@ -174,8 +202,8 @@ def main() -> None:
     th = Thresholds()
     cases = generate(args.cases, args.seed)
     start = time.monotonic()
-    score = run(cases, th, args.keep)
-    print(report(cases, score, th, time.monotonic() - start))
+    score, by_kind = run(cases, th, args.keep)
+    print(report(cases, score, th, time.monotonic() - start, by_kind))
 
 
 if __name__ == "__main__":

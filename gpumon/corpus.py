@@ -42,9 +42,12 @@ LABELS = (
 )
 NEVER_STARVED = frozenset({"healthy", "idle", "underutilized", "underutilized-small-kernels"})
 GPM_ONLY = frozenset({"underutilized-small-kernels"})
+MIG_SHARE = 0.4
+"""Of the GPM cases, the share whose GPUs read as MIG instances do: activity from GPM at 5 Hz."""
 HOPPER_SHARE = 0.3
 """Share of cases on GPUs with GPM (Hopper): SM activity read, some healthy GPUs power-capped,
-some running kernels too small for the GPU (only GPM tells those from fed)."""
+some running kernels too small for the GPU (only GPM tells those from fed), some as MIG instances
+(MIG_SHARE)."""
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,11 @@ def draw_phase(label: str, rng: random.Random, period_s: float = 1 / 6) -> Phase
     raise ValueError(label)
 
 
-def _on_hopper(scenario: Scenario, rng: random.Random) -> Scenario:
-    """The same workload on a GPU with GPM; a quarter of them small kernels instead."""
+def _on_hopper(scenario: Scenario, rng: random.Random, mig: bool) -> Scenario:
+    """The same workload on a GPU with GPM; a quarter of them small kernels instead. `mig`: as
+    NVML shows a MIG instance (no utilization, samples or power: GPM only), except a GPU waiting
+    in a collective, which needs power to be told from busy (docs/detector.md)."""
+    mig = mig and not any(label == "sync-stall" for _, label in scenario.truth)
     if rng.random() < 0.25:
         c, w = _duty_steps(rng, rng.uniform(0.86, 0.99), (0.02, 0.1))
         phase = replace(
@@ -193,6 +199,7 @@ def _on_hopper(scenario: Scenario, rng: random.Random) -> Scenario:
             jitter=rng.uniform(0.05, 0.4),
             sm_fill=rng.uniform(0.1, 0.4),
             power_busy_ratio=rng.uniform(0.4, 0.6),
+            mig=mig,
         )
         label = "underutilized-small-kernels"
         return Scenario(label, label, ((0.0, phase),), ((0.0, label),))
@@ -206,7 +213,8 @@ def _on_hopper(scenario: Scenario, rng: random.Random) -> Scenario:
                     ph,
                     gpm=True,
                     sm_fill=rng.uniform(0.6, 0.95),
-                    clock_events=rng.choice((0x4, 0x20, 0x40)) if capped else 0,
+                    clock_events=rng.choice((0x4, 0x20, 0x40)) if capped and not mig else 0,
+                    mig=mig,
                 ),
             )
         )
@@ -242,7 +250,8 @@ def generate(n: int, seed: int = 0, min_s: int = 60, max_s: int = 150) -> list[C
         # GPM cases draw from their own generator, so the cases without it stay as they were
         hw = random.Random(seed * 1_000_003 + i)
         if hw.random() < HOPPER_SHARE:
-            scen = [_on_hopper(x, hw) for x in scen]
+            mig = hw.random() < MIG_SHARE
+            scen = [_on_hopper(x, hw, mig) for x in scen]
         cases.append(
             Case(
                 name=f"case{i:03d}",

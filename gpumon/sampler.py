@@ -235,7 +235,7 @@ class Sampler:
                 return
             delay = target - self.clock.now()
             if delay > 0:
-                self.clock.sleep(delay, stop)
+                self._wait(target, stop)
             elif delay < -self.interval_s:
                 # resume on the next grid point still ahead, rather than tick late and then early
                 missed = math.ceil(-delay / self.interval_s)
@@ -252,6 +252,33 @@ class Sampler:
             due = next_data() if next_data is not None else None
             if due is not None:
                 self._k = max(self._k, math.ceil((due - start) / self.interval_s - 1e-9))
+
+    def _wait(self, target: float, stop: threading.Event | None) -> None:
+        """Sleep until `target`. Meanwhile, where the GPU source asks for it (GPM on MIG
+        instances, which have no utilization samples: gpumon.sources.nvml), call its `sample_fast`
+        every `fast_period_s` on the tick's grid; the tick itself takes the last of them."""
+        period = getattr(self.gpu_source, "fast_period_s", None)
+        if not period or period >= self.interval_s:
+            self.clock.sleep(target - self.clock.now(), stop)
+            return
+        at = target - self.interval_s + period
+        while at < target - period / 2:
+            now = self.clock.now()
+            if at > now:
+                self.clock.sleep(at - now, stop)
+            if stop is not None and stop.is_set():
+                return
+            if self.clock.now() < at + period / 2:  # not one long overdue (a slow host): skip those
+                try:
+                    self.gpu_source.sample_fast(self.clock.now())  # type: ignore[attr-defined]
+                except Exception as e:  # isolation, as for the tick's own reading
+                    self.problems.note(
+                        f"{self.gpu_source.name}:fast", f"source {self.gpu_source.name}: fast sampling: {e}"
+                    )
+            at += period
+        remaining = target - self.clock.now()
+        if remaining > 0:
+            self.clock.sleep(remaining, stop)
 
     def _prime(self) -> None:
         """A baseline reading for sources that report rates (host CPU, disk)."""

@@ -137,12 +137,13 @@ MIG_SCRIPT = """
     src = NvmlSource(pynvml); src.open()
     ticks = []
     for t in range(1, 5):
-        for k in range(5):  # the MIG activity thread's steps, driven here (5 a second)
+        for k in range(1, 5):  # the sampler's steps between ticks (fast_period_s: 5 a second)
             os.environ["FAKENVML_NOW_US"] = str(t * 1_000_000 + k * 200_000)
             src.sample_fast(t + k * 0.2)
-        os.environ["FAKENVML_NOW_US"] = str(t * 1_000_000 + 999_000)
+        os.environ["FAKENVML_NOW_US"] = str((t + 1) * 1_000_000)
         time.sleep(0.6 if t == 3 else 0)  # the XID thread waits with a timeout: let it deliver
-        ticks.append([g._asdict() for g in src.poll(t + 0.999)])
+        ticks.append([g._asdict() for g in src.poll(t + 1.0)])
+    print(json.dumps({"fast_period_s": src.fast_period_s}))
     began = time.monotonic()
     src.close()
     print(json.dumps({"ticks": ticks, "close_s": time.monotonic() - began}, default=str))
@@ -161,13 +162,15 @@ def test_mig_instances_are_units_with_gpm_and_xids_count_once_even_on_a_lost_gpu
             "xid 1 2500000 79",  # on the MIG-enabled GPU, while it is fine
             "xid 0 2500000 79 ",
             "xid 0 2600000 48",
-            "fault lost 0 2000000 100000000",  # GPU 0 falls off the bus at 2 s
+            "fault lost 0 2500000 100000000",  # GPU 0 falls off the bus at 2.5 s
             "clocks 1 0 100000000 4",  # GPU 1 held by its power cap all along
         ),
     )
     p = python(MIG_SCRIPT, driver.environment(config))
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
+    period, rest = p.stdout.split("\n", 1)
+    assert json.loads(period) == {"fast_period_s": 0.2}
+    out = json.loads(rest)
     ticks = out["ticks"]
     units = [(g["index"], g["mig"], g["uuid"][:4]) for g in ticks[0]]
     assert units == [(0, None, "GPU-"), (1, None, "GPU-"), (1, 1, "MIG-"), (1, 2, "MIG-"), (1, 3, "MIG-")]

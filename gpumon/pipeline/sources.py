@@ -65,7 +65,7 @@ def open_sources(
             },
             problems,
         )
-    return _nvml(problems, retry_nvml, clock)
+    return _nvml(problems, retry_nvml)
 
 
 def simulated(fleet: Any, description: dict[str, Any], problems: Problems) -> OpenedSources:
@@ -134,15 +134,14 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
     )
 
 
-def _nvml(problems: Problems, retry: bool, clock: Clock) -> OpenedSources:
+def _nvml(problems: Problems, retry: bool) -> OpenedSources:
     from gpumon.sources.host import HostSource, load_psutil
     from gpumon.sources.nvml import NvmlSource, load_pynvml
 
     # A real driver can hang a call (a GPU falling off the bus): every call that may hang is
     # bracketed by the guard, and the pipeline supervises the thread that makes it.
     guard = CallGuard()
-    # MIG instances' activity is sampled between ticks on the sampler's own clock
-    nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry, fast_clock=clock.now)
+    nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry)
     return OpenedSources(
         gpu=nvml,
         host=HostSource(load_psutil(), problems),

@@ -117,6 +117,8 @@ class GpmMixin:
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimGpu) -> int:
         t = self._check("nvmlDeviceGetCurrentClocksEventReasons", h)
         ph = h.phase(t)
+        if ph.mig:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         busy = h.utilization_now(t) > 0
         return ph.clock_events if busy else (0x1 if ph.gpm else 0)
 
@@ -175,8 +177,15 @@ class FakeNvml(GpmMixin):
         self._check("nvmlDeviceGetName", h)
         return h.model.name
 
+    def _not_on_mig(self, h: SimGpu, t: float) -> None:
+        """What NVML does not report for a MIG instance (nvml.h): utilization and its samples;
+        power and temperature are the parent's."""
+        if h.phase(t).mig:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
     def nvmlDeviceGetUtilizationRates(self, h: SimGpu) -> Any:
         t = self._check("nvmlDeviceGetUtilizationRates", h)
+        self._not_on_mig(h, t)
         gpu = h.utilization_now(t)
         return SimpleNamespace(gpu=gpu, memory=round(gpu * 0.4))
 
@@ -195,14 +204,16 @@ class FakeNvml(GpmMixin):
 
     def nvmlDeviceGetPowerUsage(self, h: SimGpu) -> int:
         t = self._check("nvmlDeviceGetPowerUsage", h)
+        self._not_on_mig(h, t)
         return int(h.power_w(t) * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: SimGpu) -> int:
-        self._check("nvmlDeviceGetEnforcedPowerLimit", h)
+        self._not_on_mig(h, self._check("nvmlDeviceGetEnforcedPowerLimit", h))
         return int(h.model.power_limit_w * 1000)
 
     def nvmlDeviceGetTemperature(self, h: SimGpu, sensor: int) -> int:
         t = self._check("nvmlDeviceGetTemperature", h)
+        self._not_on_mig(h, t)
         return int(32 + 40 * h.utilization_now(t) / 100)
 
     def nvmlDeviceGetPcieThroughput(self, h: SimGpu, counter: int) -> int:
@@ -227,6 +238,7 @@ class FakeNvml(GpmMixin):
 
     def nvmlDeviceGetSamples(self, h: SimGpu, sampling_type: int, last_seen_us: int) -> Any:
         t = self._check("nvmlDeviceGetSamples", h)
+        self._not_on_mig(h, t)
         if sampling_type != NVML_GPU_UTILIZATION_SAMPLES:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         samples = h.samples_since(last_seen_us, t)

@@ -58,6 +58,9 @@ class Phase:
     """With GPM: the share of SMs the job's kernels keep busy while they run."""
     clock_events: int = 0
     """Clock-event reasons (nvml.h bits) while a kernel runs: 0x4 power cap, 0x20/0x40 thermal."""
+    mig: bool = False
+    """The GPU as NVML shows a MIG instance: no utilization, no utilization samples, no power or
+    temperature (the parent's), GPM only (set it on every phase of a scenario, with `gpm`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,7 @@ SMALL_KERNELS = Phase(compute_s=0.05, wait_s=0.002, gpm=True, sm_fill=0.25, powe
 quarter of the SMs. Only GPM can tell it from a fed job."""
 HEALTHY_HOPPER = replace(HEALTHY, gpm=True)
 HEALTHY_POWER_CAPPED = replace(HEALTHY, gpm=True, clock_events=0x4, power_busy_ratio=1.0)
+STARVED_CPU_MIG = replace(STARVED_CPU, gpm=True, mig=True)
 
 SWITCH_S = 30.0
 """When `healthy-then-starved` turns starved, in seconds from the start of the run."""
@@ -266,6 +270,12 @@ SCENARIOS: dict[str, Scenario] = {
             "underutilized-small-kernels",
         ),
         _one("healthy-hopper", "fed training on a GPU with GPM (SM activity 85%)", HEALTHY_HOPPER, "healthy"),
+        _one(
+            "starved-cpu-mig",
+            "starved-cpu on a MIG instance as NVML shows one: no utilization or power, GPM only",
+            STARVED_CPU_MIG,
+            "starved-cpu",
+        ),
         _one(
             "healthy-power-capped",
             "fed training on a GPU with GPM whose clocks the power cap holds down: slower, still fed",

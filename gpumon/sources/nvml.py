@@ -19,8 +19,10 @@ Hopper and MIG (docs/detector.md, "GPM and MIG"): where nvmlGpmQueryDeviceSuppor
 tick takes a GPM sample per GPU and per MIG instance (gpumon.sources.gpm). A GPU in MIG mode is
 read as its parent (power, temperature, clocks: what only the parent reports) plus one unit per MIG
 instance (memory, processes, GPM), each a GpuSample with `mig` set. NVML gives a MIG instance no
-utilization, so its activity history comes from GPM sampled MIG_GPM_HZ times a second on a thread
-of its own (`fast_clock`), for the detector's bursts and gaps. XID errors come from an event
+utilization, so its activity history comes from GPM sampled MIG_GPM_HZ times a second, for the
+detector's bursts and gaps (as for any GPU with GPM but without utilization samples): the sampler
+calls `sample_fast` between ticks (`fast_period_s`), on its own clock and thread, so these calls
+are supervised like the tick's. XID errors come from an event
 thread (gpumon.sources.xid). Clock-event reasons are read every tick and their seconds summed.
 
 No driver at start: with `retry_init`, `poll` keeps trying nvmlInit with exponential backoff
@@ -31,7 +33,6 @@ it up when it appears.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -170,11 +171,10 @@ class NvmlSource:
         *,
         guard: CallGuard | None = None,
         retry_init: bool = False,
-        fast_clock: Callable[[], float] | None = None,
         gpm: bool = True,
     ) -> None:
-        """`fast_clock`: the sampler's clock, for the MIG activity thread (without it, a MIG
-        instance's history is one GPM value per tick; tests drive `sample_fast` themselves)."""
+        """`gpm=False`: never read GPM (benchmarks compare; a site whose profilers, Nsight or
+        DCGM profiling, must have the counters to themselves)."""
         self._nvml = nvml
         self._problems = problems or Problems(log)
         self._gpus: dict[int, _GpuState] = {}
@@ -188,13 +188,10 @@ class NvmlSource:
         self._driver_stuck_since: float | None = None
         self._init_error = "NVML not initialised yet"
         self._xid = XidWatcher(nvml, self._problems)
-        self._fast_clock = fast_clock
         self._gpm_on = gpm
         self._clock_fn = _fn(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
         self._throttle_fn = _fn(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
         self._fast_units: list[_GpuState] = []
-        self._fast_stop = threading.Event()
-        self._fast_thread: threading.Thread | None = None
         if guard is not None:
             guard.on_hang = self._hung
             guard.on_return = self._returned
@@ -234,9 +231,6 @@ class NvmlSource:
         return self._open
 
     def close(self) -> None:
-        self._fast_stop.set()
-        if self._fast_thread is not None:
-            self._fast_thread.join(1.0)
         self._xid.stop()
         if self._open and self._driver_stuck_since is None:
             for state in self._gpus.values():
@@ -419,6 +413,8 @@ class NvmlSource:
         procs = self._processes(state)
         history = self._history(state, t_s)
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
+        if state.fast is not None:  # no utilization samples here: GPM's activity instead
+            history = self._drain(state, t_s)
         clock_bits = self._clock_events(state, t_s)
         if "mig" not in state.unsupported:
             self._scan_migs(state, t_s)
@@ -517,13 +513,10 @@ class NvmlSource:
         procs = self._processes(unit)
         gpm = self._gpm_activity(unit, t_s) if not unit.gpm_checked or unit.gpm is not None else None
         history: tuple[UtilPoint, ...] = ()
-        if unit.pending:
-            points = []
-            while unit.pending:
-                points.append(unit.pending.popleft())
-            history = tuple(points)
-        elif gpm is not None and gpm.graphics_ratio is not None and unit.fast is None:
-            history = (UtilPoint(round(t_s, 6), gpm.graphics_ratio),)  # one value per tick
+        if unit.fast is not None:
+            history = self._drain(unit, t_s)
+        elif gpm is not None and gpm.graphics_ratio is not None:
+            history = (UtilPoint(round(t_s, 6), gpm.graphics_ratio),)  # not sampled faster: one a tick
         xids, last_xid = self._xid.seen(parent.index, unit.mig)
         if self._problems.any_active:
             self._problems.clear_prefix(
@@ -548,23 +541,42 @@ class NvmlSource:
             last_xid=last_xid,
         )
 
-    def sample_fast(self, t_s: float) -> None:
-        """One step of MIG activity sampling (the thread calls it MIG_GPM_HZ times a second)."""
-        for unit in list(self._fast_units):
-            fast = unit.fast
-            if fast is None or unit.handle is None:
-                continue
-            try:
-                values = fast.read(t_s)
-            except self._error_type:
-                continue  # the tick's own GPM read reports what fails
-            if values and values[0] is not None:
-                unit.pending.append(UtilPoint(round(t_s, 6), min(1.0, values[0])))
+    @property
+    def fast_period_s(self) -> float | None:
+        """How often the sampler should call `sample_fast` between ticks; None: no need."""
+        return 1.0 / MIG_GPM_HZ if self._fast_units else None
 
-    def _fast_loop(self) -> None:
-        assert self._fast_clock is not None
-        while not self._fast_stop.wait(1.0 / MIG_GPM_HZ):
-            self.sample_fast(self._fast_clock())
+    def sample_fast(self, t_s: float) -> None:
+        """One step of GPM activity sampling on the units NVML gives no utilization samples (MIG
+        instances): MIG_GPM_HZ a second with the tick's own. Each call is guarded per GPU."""
+        for unit in self._fast_units:
+            parent = unit.parent or unit
+            if unit.fast is None or unit.handle is None or parent.stuck_since is not None:
+                continue
+            self._enter(parent.index)
+            try:
+                self._fast_read(unit, t_s)
+            finally:
+                self._leave()
+
+    def _fast_read(self, unit: _GpuState, t_s: float) -> None:
+        fast = unit.fast
+        if fast is None:
+            return
+        try:
+            values = fast.read(t_s)
+        except self._error_type:
+            return  # the tick's own GPM read reports what fails
+        if values and values[0] is not None:
+            unit.pending.append(UtilPoint(round(t_s, 6), min(1.0, values[0])))
+
+    def _drain(self, unit: _GpuState, t_s: float) -> tuple[UtilPoint, ...]:
+        """The fast points since the last tick, with one taken now."""
+        self._fast_read(unit, t_s)
+        points = []
+        while unit.pending:
+            points.append(unit.pending.popleft())
+        return tuple(points)
 
     # -- GPM and clock events ------------------------------------------------------------------
 
@@ -594,10 +606,9 @@ class NvmlSource:
                     return nv.nvmlGpmSampleGet(state.handle, sample)
 
             state.gpm = GpmUnit(nv, take)
-            if state.mig is not None:
+            if state.mig is not None or "samples" in state.unsupported:  # no utilization samples
                 state.fast = GpmUnit(nv, take, GRAPHICS_ONLY)
                 self._fast_units = [*self._fast_units, state]
-                self._start_fast()
         try:
             return state.gpm.activity(t_s)
         except self._error_type as e:
@@ -611,12 +622,6 @@ class NvmlSource:
             state.failing.add("gpm")
             self._problems.note(f"nvml:gpu {state.tag}:gpm", f"{state.where} gpm: {_describe(e, code)}")
             return None
-
-    def _start_fast(self) -> None:
-        if self._fast_clock is None or self._fast_thread is not None:
-            return
-        self._fast_thread = threading.Thread(target=self._fast_loop, name="gpumon-gpm-mig", daemon=True)
-        self._fast_thread.start()
 
     def _clock_events(self, state: _GpuState, t_s: float) -> int | None:
         """The reasons now; the time since the last tick is charged to the reasons seen then."""
