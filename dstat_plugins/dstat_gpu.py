@@ -10,7 +10,9 @@
 ###
 ### Columns per GPU: util (%), mem (% used), state:
 ###   ok  healthy    STcpu STio SThst  starved (cause: CPU, storage, host)    stall  stalled
-###   sync  sync-stall    under  underutilized    idle  no job    ?  unknown    -  no verdict
+###   sync  sync-stall    under  underutilized    small  kernels too small (GPM)    idle  no job
+###   ?  unknown    -  no verdict
+### A MIG instance has a column of its own: gpu1m2 is GPU 1's GPU instance 2.
 ### Starved, stalled and sync-stall GPUs are shown in white on red.
 ###
 ### Also repairs Debian dstat 0.7.4's `--output file.csv` crash (NameError: types) for the run.
@@ -18,7 +20,7 @@
 ### The file is exec'd inside dstat's main(): top-level names are not visible in methods unless
 ### declared global, hence the `global` lines.
 
-global types, _json, _gpumon_state_codes, _gpumon_alarm_states
+global types, _json, _gpumon_state_codes, _gpumon_alarm_states, _gpumon_column
 
 import json as _json  # noqa: E402 - plugins are executed, not imported
 
@@ -66,7 +68,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         state = self._daemon_state()
         if state is not None and state.get("ready"):
             self.mode = "daemon"
-            gpus = [_column(g) for g in state.get("gpus", [])]
+            gpus = [_gpumon_column(g) for g in state.get("gpus", [])]
         else:
             gpus = self._nvml_open()
             if gpus is None:
@@ -158,7 +160,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
     def extract(self):
         if self.mode == "daemon":
             state = self._daemon_state() or {}
-            by_name = {"gpu%s" % _column(g): g for g in state.get("gpus", [])}
+            by_name = {"gpu%s" % _gpumon_column(g): g for g in state.get("gpus", [])}
             for name in self.vars:
                 g = by_name.get(name)
                 if g is None or not g.get("available", False):
@@ -205,7 +207,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
 dool_plugin = dstat_plugin
 
 
-def _column(g):
+def _gpumon_column(g):
     """A GPU's column: its index; a MIG instance's, PARENTmID (`gpu1m2`: GPU 1's instance 2)."""
     mig = g.get("mig")
     return "%d" % g["index"] if mig is None else "%dm%d" % (g["index"], mig)

@@ -40,8 +40,33 @@ def metrics_with_a_job(tmp: Path) -> str:
     return d.render_metrics("")[0].decode()
 
 
+def metrics_of_a_hopper_gpu() -> str:
+    """The exporter's series for a GPU with GPM, clock events and an XID (issue 14), which no
+    simulated GPU has all of (tests/test_hopper.py serves them through the stand-in driver)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from gpumon.exporter import GpumonCollector
+    from gpumon.model import GpmActivity, GpuSample, Tick, XidCount
+    from gpumon.snapshot import Snapshot
+
+    gpm = GpmActivity(*([0.5] * 8), 1e9, 1e8, 2e9, 2e8)
+    g = GpuSample(
+        1.0, 0, "GPU-0", "H100", clock_events=0x4, clock_event_s=(("sw_power_cap", 3.0),),
+        xids=(XidCount(79, 1),), last_xid=(79, 1.7e9), gpm=gpm, mig=None,
+    )  # fmt: skip
+    snap = Snapshot(1.0, Tick(1.0, (g,), None), (), {}, {}, 1, 0, {"kind": "nvml"})
+    registry = CollectorRegistry()
+    registry.register(GpumonCollector(lambda: snap, lambda s: 0.0))
+    return generate_latest(registry).decode()
+
+
 def test_every_metric_is_in_docs_metrics_md(tmp_path: Path) -> None:
-    text = (ROOT / "tests/golden/metrics.txt").read_text() + metrics_with_a_job(tmp_path)
+    text = (
+        (ROOT / "tests/golden/metrics.txt").read_text()
+        + metrics_with_a_job(tmp_path)
+        + metrics_of_a_hopper_gpu()
+    )
     produced = set(re.findall(r"^# TYPE (\S+)", text, re.M))
     documented = set(re.findall(r"`(gpumon_[a-z0-9_]+)`", (ROOT / "docs/metrics.md").read_text()))
     missing = {n for n in produced if n not in documented and n + "_total" not in documented}

@@ -108,7 +108,18 @@ class GpmMixin:
         gpu = a.gpu
         busy = gpu.busy_share(min(a.t, b.t), max(a.t, b.t)) * 100
         ph = gpu.phase(b.t)
-        values = {1: busy, 2: busy * ph.sm_fill, 3: busy * ph.sm_fill * 0.5, 5: busy * ph.sm_fill * 0.7}
+        fill = busy * ph.sm_fill
+        # graphics, SM activity, occupancy, tensor, DRAM, FP16, FP32, FP64 (GPM metric ids)
+        values = {
+            1: busy,
+            2: fill,
+            3: fill * 0.5,
+            5: fill * 0.7,
+            10: fill * 0.45,
+            13: fill * 0.1,
+            12: fill * 0.2,
+        }
+        values[11] = 0.0
         for m in get.metrics[: get.numMetrics]:
             m.nvmlReturn = NVML_SUCCESS if m.metricId in values else NVML_ERROR_NOT_SUPPORTED
             m.value = values.get(m.metricId, 0.0)
