@@ -22,6 +22,10 @@ Goals (issue 3): gpumon within 1.5x of the floor; at least 5x cheaper per sample
 The floor makes the pre-GPM calls, so the issue-3 ratio is read on "gpumon, GPM off".
 
     python -m benchmarks.nvml_cost --real [--ticks 30]   (on a machine with NVIDIA GPUs)
+    python -m benchmarks.nvml_cost --mig 7               (one H100 in MIG mode, 7 instances)
+
+--mig: the cost of a second on the stand-in with one GPU in MIG mode: one tick plus the
+sampler's four GPM steps between ticks (MIG_GPM_HZ = 5), against the same tick with GPM off.
 
 measures the same contenders on the machine's own GPUs (no peers), ticks 0.11 s apart so that
 each GPM read takes a sample (NVML's samples must be more than 100 ms apart).
@@ -172,6 +176,43 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
     print(gpm_line)
 
 
+def mig_child(ticks: int, repeats: int) -> None:
+    import pynvml
+
+    from gpumon.guard import CallGuard
+    from gpumon.pipeline.supervisor import Supervisor
+    from gpumon.sources.nvml import NvmlSource
+
+    guard = CallGuard()
+    with_fast = NvmlSource(pynvml, guard=guard)
+    with_fast.open()
+    tick_only = NvmlSource(pynvml, guard=CallGuard(), gpm=False)
+    tick_only.open()
+    t = [0.0, 0.0]
+
+    def second(src: NvmlSource, k: int, fast: bool) -> None:
+        for step in range(1, 5):
+            if fast:
+                src.sample_fast(t[k] + 0.2 * step)
+        t[k] += 1.0
+        src.poll(t[k])
+
+    results = Supervisor(guard, 1.0).call(
+        lambda: interleaved(
+            {
+                "GPM, MIG at 5 Hz": (lambda: second(with_fast, 0, True), ticks),
+                "GPM off": (lambda: second(tick_only, 1, False), ticks),
+            },
+            repeats,
+        )
+    )
+    units = len(with_fast.poll(t[0] + 1.0))
+    for name, value in results.items():
+        print(f"{units} units (GPUs and MIG instances)  {name:<20} {value * 1e3:>8.3f} ms per second")
+    gpm = results["GPM, MIG at 5 Hz"] / results["GPM off"] - 1
+    print(f"GPM, with MIG instances sampled 5 times a second, adds {gpm:+.0%} to the NVML side")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=300)
@@ -179,10 +220,15 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8, help="stand-in GPUs (at most 64)")
     ap.add_argument("--no-peers", action="store_true", help="skip gpustat and nvitop (slow at 64 GPUs)")
     ap.add_argument("--real", action="store_true", help="the machine's own GPUs, not the stand-in")
+    ap.add_argument("--mig", type=int, default=0, help="MIG instances on one stand-in GPU (at most 7)")
+    ap.add_argument("--mig-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.ticks, args.repeats, not args.no_peers)
+        return
+    if args.mig_child:
+        mig_child(args.ticks, args.repeats)
         return
     if args.real:
         import pynvml
@@ -197,6 +243,13 @@ def main() -> None:
     sys.path.insert(0, str(root))
     from tests.fakenvml import driver
 
+    if args.mig:
+        with tempfile.TemporaryDirectory() as tmp:
+            kinds = ",".join(["starved-cpu", "healthy"] * 4)
+            config = driver.mig_config(Path(tmp), "healthy,idle", ",".join(kinds.split(",")[: args.mig]))
+            env = driver.environment(config, PYTHONPATH=str(root))
+            cmd = [sys.executable, "-m", "benchmarks.nvml_cost", "--mig-child", "--ticks", str(args.ticks)]
+            os.execve(sys.executable, [*cmd, "--repeats", str(args.repeats)], env)
     with tempfile.TemporaryDirectory() as tmp:
         config = driver.simulated_config(
             Path(tmp), "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300

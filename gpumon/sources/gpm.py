@@ -36,7 +36,7 @@ METRICS: tuple[tuple[int, str, float], ...] = (
     (61, "nvlink_tx_bytes_per_s", _MIB),  # NVLINK_TOTAL_TX_PER_SEC
 )
 GRAPHICS_ONLY: tuple[tuple[int, str, float], ...] = METRICS[:1]
-"""What the fast MIG sampling asks for: activity, for bursts and gaps."""
+"""What the steps between ticks ask for: activity, for bursts and gaps."""
 _RATIOS = sum(1 for _, name, _ in METRICS if name.endswith("_ratio"))
 assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is in GpmActivity's order"
 
@@ -46,54 +46,40 @@ assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is
 _METRIC = struct.Struct("=Iid24x")
 
 
-class GpmUnit:
-    """GPM sampling of one unit. `take(sample)` fills an NVML sample buffer for it
-    (nvmlGpmSampleGet on a device or MIG handle, or nvmlGpmMigSampleGet on the parent)."""
+def activity_of(values: list[float | None]) -> GpmActivity:
+    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1."""
+    for i in range(_RATIOS):
+        v = values[i]
+        if v is not None:
+            values[i] = round(v if v < 1.0 else 1.0, 4)
+    return GpmActivity(*values)
 
-    def __init__(
-        self,
-        nvml: Any,
-        take: Callable[[Any], Any],
-        metrics: Sequence[tuple[int, str, float]] = METRICS,
-    ) -> None:
+
+class _Request:
+    """One nvmlGpmMetricsGet_t, built once and reused: pynvml's holds 477 metric slots (19 KB)."""
+
+    def __init__(self, nvml: Any, metrics: Sequence[tuple[int, str, float]]) -> None:
         self._nv = nvml
-        self._take = take
-        self._metrics = tuple(metrics)
-        self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-        self._newest = 0
-        self._prev_t: float | None = None
-        # One request struct, reused: pynvml's holds 477 metric slots (19 KB) and costs to build.
         get = nvml.c_nvmlGpmMetricsGet_t()
         get.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
-        get.numMetrics = len(self._metrics)
-        for i, (metric_id, _, _) in enumerate(self._metrics):
+        get.numMetrics = len(metrics)
+        for i, (metric_id, _, _) in enumerate(metrics):
             get.metrics[i].metricId = metric_id
         self._get = get
-        self._scales = [scale for _, _, scale in self._metrics]
+        self._scales = [scale for _, _, scale in metrics]
         self._raw: Any = None
-        try:  # the real bindings' ctypes struct: its metrics read straight from memory
-            if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:
-                n = len(self._metrics)
-                self._raw = (ctypes.c_char * (_METRIC.size * n)).from_address(ctypes.addressof(get.metrics))
-        except TypeError:  # a look-alike (the simulator's): read its attributes
-            self._raw = None
+        # pynvml's structs check every attribute set in Python; ctypes' own setter does not
+        self._set: Callable[[Any, str, Any], None] = setattr
+        if isinstance(get, ctypes.Structure):
+            self._set = ctypes.Structure.__setattr__
+            if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:  # read straight from memory
+                size = _METRIC.size * len(metrics)
+                self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
 
-    def read(self, t_s: float) -> list[float | None] | None:
-        """Take a sample at `t_s`; the metrics since the previous one (None on the first, and
-        when the previous is not yet more than 100 ms old: nothing is taken then)."""
-        if self._prev_t is not None and t_s - self._prev_t <= MIN_APART_S:
-            return None
-        older = self._samples[self._newest]
-        newer = self._samples[self._newest ^ 1]
-        self._take(newer)
-        first = self._prev_t is None
-        self._prev_t = t_s
-        self._newest ^= 1
-        if first:
-            return None
+    def between(self, older: Any, newer: Any) -> list[float | None]:
         get = self._get
-        get.sample1 = older
-        get.sample2 = newer
+        self._set(get, "sample1", older)
+        self._set(get, "sample2", newer)
         self._nv.nvmlGpmMetricsGet(get)
         if self._raw is not None:
             found = _METRIC.iter_unpack(self._raw.raw)
@@ -107,16 +93,71 @@ class GpmUnit:
             out.append(None if m.nvmlReturn != 0 else max(0.0, float(m.value)) * scale)
         return out
 
-    def activity(self, t_s: float) -> GpmActivity | None:
-        """All of METRICS as a GpmActivity (a unit made with METRICS only)."""
-        values = self.read(t_s)
-        if values is None:
+
+class GpmUnit:
+    """GPM sampling of one unit. `take(sample)` fills an NVML sample buffer for it
+    (nvmlGpmSampleGet on a device or MIG handle, or nvmlGpmMigSampleGet on the parent).
+
+    Each tick (`tick`) takes a sample and gives METRICS since the previous tick's. A `fast` unit
+    also takes samples between ticks (`step`), each giving graphics activity since the one
+    before: a third buffer keeps the previous tick's sample while the steps go on."""
+
+    def __init__(self, nvml: Any, take: Callable[[Any], Any], *, fast: bool = False) -> None:
+        self._nv = nvml
+        self._take = take
+        self._samples = [nvml.nvmlGpmSampleAlloc() for _ in range(3 if fast else 2)]
+        self._anchor: int | None = None
+        """The buffer holding the previous tick's sample."""
+        self._anchor_t = 0.0
+        self._last: int | None = None
+        """The buffer holding the newest sample (tick or step)."""
+        self._last_t = 0.0
+        self._full = _Request(nvml, METRICS)
+        self._quick = _Request(nvml, GRAPHICS_ONLY) if fast else None
+
+    def _sample(self, t_s: float) -> int | None:
+        if self._last is not None and t_s - self._last_t <= MIN_APART_S:
+            return None  # too soon after the last: NVML would give nothing
+        anchor, last = self._anchor, self._last
+        if last is None:
+            free = 0
+        elif anchor is None or anchor == last:
+            free = (last + 1) % len(self._samples)
+        else:  # three buffers: the one that is neither
+            free = 3 - anchor - last
+        self._take(self._samples[free])
+        return free
+
+    def step(self, t_s: float) -> float | None:
+        """Between ticks (fast units): graphics activity since the newest sample, 0-1."""
+        new = self._sample(t_s)
+        if new is None or self._quick is None:
             return None
-        for i in range(_RATIOS):
-            v = values[i]
-            if v is not None:
-                values[i] = round(v if v < 1.0 else 1.0, 4)
-        return GpmActivity(*values)
+        last, self._last, self._last_t = self._last, new, t_s
+        if last is None:
+            return None
+        value = self._quick.between(self._samples[last], self._samples[new])[0]
+        return None if value is None else min(1.0, value)
+
+    def tick(self, t_s: float) -> tuple[float | None, GpmActivity | None]:
+        """At a tick: (graphics activity since the newest sample (fast units), METRICS since the
+        previous tick's sample). None where there is no earlier sample."""
+        new = self._sample(t_s)
+        if new is None:
+            return None, None
+        quick = full = None
+        if self._quick is not None and self._last is not None:
+            value = self._quick.between(self._samples[self._last], self._samples[new])[0]
+            quick = None if value is None else min(1.0, value)
+        if self._anchor is not None:
+            full = activity_of(self._full.between(self._samples[self._anchor], self._samples[new]))
+        self._anchor, self._anchor_t = new, t_s
+        self._last, self._last_t = new, t_s
+        return quick, full
+
+    def activity(self, t_s: float) -> GpmActivity | None:
+        """METRICS since the previous tick, as a GpmActivity."""
+        return self.tick(t_s)[1]
 
     def free(self) -> None:
         for s in self._samples:

@@ -43,7 +43,7 @@ from gpumon.errors import NoDriverError
 from gpumon.guard import CallGuard
 from gpumon.model import DeviceInfo, GpmActivity, GpuProcess, GpuSample, UtilPoint, clock_reasons
 from gpumon.problems import Problems
-from gpumon.sources.gpm import GRAPHICS_ONLY, GpmUnit
+from gpumon.sources.gpm import GpmUnit
 from gpumon.sources.xid import XidWatcher
 
 log = logging.getLogger("gpumon.nvml")
@@ -134,7 +134,9 @@ class _GpuState:
     gpm: GpmUnit | None = None
     gpm_checked: bool = False
     fast: GpmUnit | None = None
-    """MIG: the GPM sampling for activity history, MIG_GPM_HZ times a second."""
+    """MIG (no utilization samples): GPM sampled MIG_GPM_HZ times a second, each step a point of
+    the activity history; the tick's GPM figures cover the whole second since the last tick."""
+
     pending: deque[UtilPoint] = field(default_factory=lambda: deque(maxlen=64))
     clock_bits: int | None = None
     clock_prev_t: float | None = None
@@ -414,7 +416,7 @@ class NvmlSource:
         history = self._history(state, t_s)
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.fast is not None:  # no utilization samples here: GPM's activity instead
-            history = self._drain(state, t_s)
+            history, gpm = self._drain(state, t_s)
         clock_bits = self._clock_events(state, t_s)
         if "mig" not in state.unsupported:
             self._scan_migs(state, t_s)
@@ -514,7 +516,7 @@ class NvmlSource:
         gpm = self._gpm_activity(unit, t_s) if not unit.gpm_checked or unit.gpm is not None else None
         history: tuple[UtilPoint, ...] = ()
         if unit.fast is not None:
-            history = self._drain(unit, t_s)
+            history, gpm = self._drain(unit, t_s)
         elif gpm is not None and gpm.graphics_ratio is not None:
             history = (UtilPoint(round(t_s, 6), gpm.graphics_ratio),)  # not sampled faster: one a tick
         xids, last_xid = self._xid.seen(parent.index, unit.mig)
@@ -560,23 +562,31 @@ class NvmlSource:
                 self._leave()
 
     def _fast_read(self, unit: _GpuState, t_s: float) -> None:
-        fast = unit.fast
-        if fast is None:
+        """Between ticks: a failure is left to the tick's own read to report."""
+        if unit.fast is None:
             return
         try:
-            values = fast.read(t_s)
+            value = unit.fast.step(t_s)
         except self._error_type:
-            return  # the tick's own GPM read reports what fails
-        if values and values[0] is not None:
-            unit.pending.append(UtilPoint(round(t_s, 6), min(1.0, values[0])))
+            return
+        if value is not None:
+            unit.pending.append(UtilPoint(round(t_s, 6), value))
 
-    def _drain(self, unit: _GpuState, t_s: float) -> tuple[UtilPoint, ...]:
-        """The fast points since the last tick, with one taken now."""
-        self._fast_read(unit, t_s)
+    def _drain(self, unit: _GpuState, t_s: float) -> tuple[tuple[UtilPoint, ...], GpmActivity | None]:
+        """At a tick: the activity history since the last (the steps, and one now), and the GPM
+        figures over the whole second."""
+        activity = None
+        if unit.fast is not None:
+            try:
+                value, activity = unit.fast.tick(t_s)
+                if value is not None:
+                    unit.pending.append(UtilPoint(round(t_s, 6), value))
+            except self._error_type as e:
+                self._gpm_failed(unit, e)
         points = []
         while unit.pending:
             points.append(unit.pending.popleft())
-        return tuple(points)
+        return tuple(points), activity
 
     # -- GPM and clock events ------------------------------------------------------------------
 
@@ -605,23 +615,27 @@ class NvmlSource:
                 def take(sample: Any) -> Any:
                     return nv.nvmlGpmSampleGet(state.handle, sample)
 
-            state.gpm = GpmUnit(nv, take)
             if state.mig is not None or "samples" in state.unsupported:  # no utilization samples
-                state.fast = GpmUnit(nv, take, GRAPHICS_ONLY)
+                state.fast = GpmUnit(nv, take, fast=True)  # sampled between ticks too: _drain reads it
                 self._fast_units = [*self._fast_units, state]
+                return None
+            state.gpm = GpmUnit(nv, take)
         try:
             return state.gpm.activity(t_s)
         except self._error_type as e:
-            code = _code(e)
-            if code in _UNSUPPORTED_CODES:
-                state.unsupported.add("gpm")
-                self._forget_unit(state)
-                return None
-            if code in _LOST_CODES:
-                raise _GpuLost(_describe(e, code)) from None
-            state.failing.add("gpm")
-            self._problems.note(f"nvml:gpu {state.tag}:gpm", f"{state.where} gpm: {_describe(e, code)}")
+            self._gpm_failed(state, e)
             return None
+
+    def _gpm_failed(self, state: _GpuState, e: BaseException) -> None:
+        code = _code(e)
+        if code in _UNSUPPORTED_CODES:
+            state.unsupported.add("gpm")
+            self._forget_unit(state)
+            return
+        if code in _LOST_CODES:
+            raise _GpuLost(_describe(e, code)) from None
+        state.failing.add("gpm")
+        self._problems.note(f"nvml:gpu {state.tag}:gpm", f"{state.where} gpm: {_describe(e, code)}")
 
     def _clock_events(self, state: _GpuState, t_s: float) -> int | None:
         """The reasons now; the time since the last tick is charged to the reasons seen then."""

@@ -740,3 +740,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
 }
+
+/* Hopper (9.0) where GPM is configured, Ampere (8.0) otherwise: nvitop asks once MIG is answered. */
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    ENTER(d);
+    *major = gpus[d->index].gpm ? 9 : 8;
+    *minor = 0;
+    return NVML_SUCCESS;
+}
