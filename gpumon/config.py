@@ -231,6 +231,15 @@ class Config:
             check=_check_drive_file,
         ),
     )
+    gpm: bool = setting(
+        True,
+        Spec(
+            "read GPM (SM activity, occupancy, tensor, DRAM, ...; Hopper and newer) where the GPU "
+            "supports it; false leaves GPM's counters to profilers (Nsight Compute, DCGM profiling) "
+            "and MIG instances without activity",
+            env="GPUMON_GPM",
+        ),
+    )
     job_attribution: bool = setting(
         True,
         Spec(

@@ -67,6 +67,7 @@ def source_spec(cfg: Config) -> SourceSpec:
         sample_period_s=cfg.sample_period_s,
         replay=cfg.replay,
         drive=cfg.drive,
+        gpm=cfg.gpm,
     )
 
 
@@ -488,6 +489,7 @@ class Daemon:
             "gpus",
             "seed",
             "max_connections",
+            "gpm",
         )
         changed = [k for k in restart_only if getattr(new, k) != getattr(self.cfg, k)]
         if changed or web.tls != self.web_config.tls:

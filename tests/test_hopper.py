@@ -409,3 +409,29 @@ def test_traces_keep_mig_units_gpm_clock_events_and_xids(tmp_path: Path, version
     writer.close(3.0, "duration")
     ticks = read_trace(str(path)).ticks
     assert [g._replace(t_s=0) for g in ticks[-1].gpus] == [g._replace(t_s=0) for g in tick(3.0).gpus]
+
+
+def test_gpm_off_in_the_configuration_leaves_gpm_out(library: Path, tmp_path: Path) -> None:
+    """`gpm = false` (docs/configuration.md): no GPM series, while the rest is served."""
+    config = driver.mig_config(tmp_path, "healthy", "healthy", mig_parent=0, seconds=30)
+    conf = tmp_path / "gpumon.toml"
+    conf.write_text(f'gpm = false\nrecord_dir = "{tmp_path / "rec"}"\n')
+    port = free_port()
+    serve = start_serve("--config", str(conf), port=port, env=driver.environment(config))
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+            x.startswith("gpumon_gpu_memory_used_bytes") for x in lines
+        ):
+            time.sleep(0.5)
+            lines = scrape(port)
+        time.sleep(1.5)
+        lines = scrape(port)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert any(x.startswith("gpumon_gpu_memory_used_bytes{") and 'mig="1"' in x for x in lines), lines[:5]
+    assert not [
+        x for x in lines if x.startswith(("gpumon_gpu_sm_active_ratio{", "gpumon_gpu_graphics_active"))
+    ]

@@ -65,7 +65,7 @@ def open_sources(
             },
             problems,
         )
-    return _nvml(problems, retry_nvml)
+    return _nvml(problems, retry_nvml, spec.gpm)
 
 
 def simulated(fleet: Any, description: dict[str, Any], problems: Problems) -> OpenedSources:
@@ -134,14 +134,14 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
     )
 
 
-def _nvml(problems: Problems, retry: bool) -> OpenedSources:
+def _nvml(problems: Problems, retry: bool, gpm: bool = True) -> OpenedSources:
     from gpumon.sources.host import HostSource, load_psutil
     from gpumon.sources.nvml import NvmlSource, load_pynvml
 
     # A real driver can hang a call (a GPU falling off the bus): every call that may hang is
     # bracketed by the guard, and the pipeline supervises the thread that makes it.
     guard = CallGuard()
-    nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry)
+    nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry, gpm=gpm)
     return OpenedSources(
         gpu=nvml,
         host=HostSource(load_psutil(), problems),

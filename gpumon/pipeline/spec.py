@@ -35,6 +35,8 @@ class SourceSpec:
     """For `simulated` and `driven`: the simulated driver's utilization sample period."""
     file: str | None = None
     """For `replay`: the trace; for `driven`: the file the job writes its steps to."""
+    gpm: bool = True
+    """For `nvml`: read GPM where the GPU has it (Hopper and newer)."""
 
     @classmethod
     def from_settings(
@@ -46,6 +48,7 @@ class SourceSpec:
         sample_period_s: float = 1 / 6,
         replay: str | None = None,
         drive: str | None = None,
+        gpm: bool = True,
     ) -> SourceSpec:
         """From the settings of gpumon.config (already checked there, one by one and together)."""
         if replay is not None:
@@ -55,7 +58,7 @@ class SourceSpec:
         if simulate is not None:
             names = tuple(n.strip() for n in simulate.split(","))
             return cls("simulated", names, gpus, seed, sample_period_s)
-        return cls("nvml")
+        return cls("nvml", gpm=gpm)
 
     @property
     def real_gpus(self) -> bool:
