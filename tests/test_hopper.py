@@ -160,6 +160,7 @@ def test_mig_instances_are_units_with_gpm_and_xids_count_once_even_on_a_lost_gpu
         seconds=30,
         extra=(
             "xid 1 2500000 79",  # on the MIG-enabled GPU, while it is fine
+            "xid 1 2500000 94 2 0",  # attributed to its GPU instance 2
             "xid 0 2500000 79 ",
             "xid 0 2600000 48",
             "fault lost 0 2500000 100000000",  # GPU 0 falls off the bus at 2.5 s
@@ -192,6 +193,7 @@ def test_mig_instances_are_units_with_gpm_and_xids_count_once_even_on_a_lost_gpu
     # XIDs: GPU 1's 79 counted once (the tick after too); GPU 0's counted while it is lost
     assert [g["xids"] for g in ticks[2] if g["index"] == 1 and g["mig"] is None] == [[[79, 1]]]
     assert last[(1, None)]["xids"] == [[79, 1]] and last[(1, None)]["last_xid"][0] == 79
+    assert last[(1, 2)]["xids"] == [[94, 1]] and last[(1, 1)]["xids"] == [], "MIG ids carried through"
     lost = last[(0, None)]
     assert lost["available"] is False and sorted(map(tuple, lost["xids"])) == [(48, 1), (79, 1)]
     assert out["close_s"] < 2.0, "the XID thread's wait must not hold up shutdown"
