@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite the golden files (tests/golden/) from what the code produces now",
     )
+
+
+def shipped_rule(alert: str) -> dict[str, Any]:
+    """One alert rule of monitoring/gpumon.rules.yml, by name."""
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "monitoring/gpumon.rules.yml").read_text())
+    return next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert)
+
+
+def served_labels(labels: str) -> str:
+    """A /metrics line's labels as Prometheus stores them: empty ones dropped."""
+    return ",".join(x for x in labels.split(",") if not x.endswith('=""'))
+
+
+def promtool_rule_test(folder: Path, name: str, test: dict[str, Any]) -> None:
+    """Run one promtool unit test (15 s evaluation) against the shipped rules; fail with its output."""
+    import yaml
+
+    doc = {
+        "rule_files": [str(ROOT / "monitoring/gpumon.rules.yml")],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", **test}],
+    }
+    path = folder / f"{name}.test.yml"
+    path.write_text(yaml.safe_dump(doc))
+    p = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -220,9 +220,8 @@ def test_a_straggler_through_serve_is_the_one_the_job_straggler_alert_names(tmp_
     GPUs held by one Slurm job (the shipped prolog's mapping). The shipped rules, evaluated by
     promtool over the series this daemon served (held for 3 minutes), name GPU 1 as the job's
     straggler, starved by cpu, and GPU 0 not."""
-    import yaml
 
-    from .conftest import free_port, start_serve
+    from .conftest import free_port, promtool_rule_test, served_labels, shipped_rule, start_serve
     from .test_fleet import prolog
 
     jobs, drive = tmp_path / "jobs", tmp_path / "drive"
@@ -261,33 +260,18 @@ def test_a_straggler_through_serve_is_the_one_the_job_straggler_alert_names(tmp_
     assert lines, "GPU 0 never read sync-stall with GPU 1 starved by cpu"
     instance = 'instance="node1:9877",job="gpumon"'
     info1 = next(labels for name, labels, _ in lines if name == "gpumon_gpu_job_info" and 'gpu="1"' in labels)
-    info1 = ",".join(x for x in info1.split(",") if not x.endswith('=""'))  # Prometheus drops empty labels
-    rules = yaml.safe_load((ROOT / "monitoring/gpumon.rules.yml").read_text())
-    expr = next(
-        r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpumonJobStraggler"
-    )
+    info1 = served_labels(info1)
     test = {
-        "rule_files": [str(ROOT / "monitoring/gpumon.rules.yml")],
-        "evaluation_interval": "15s",
-        "tests": [
+        "input_series": [
+            {"series": f"{name}{{{labels},{instance}}}", "values": f"{float(v):g}x12"}
+            for name, labels, v in lines
+        ],
+        "promql_expr_test": [
             {
-                "interval": "15s",
-                "input_series": [
-                    {"series": f"{name}{{{labels},{instance}}}", "values": f"{float(v):g}x12"}
-                    for name, labels, v in lines
-                ],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "2m",
-                        "exp_samples": [{"labels": f'{{{info1},{instance},cause="cpu"}}', "value": 1}],
-                    }
-                ],
+                "expr": shipped_rule("GpumonJobStraggler")["expr"],
+                "eval_time": "2m",
+                "exp_samples": [{"labels": f'{{{info1},{instance},cause="cpu"}}', "value": 1}],
             }
         ],
     }
-    (tmp_path / "straggler.test.yml").write_text(yaml.safe_dump(test))
-    p = subprocess.run(
-        ["promtool", "test", "rules", str(tmp_path / "straggler.test.yml")], capture_output=True, text=True
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    promtool_rule_test(tmp_path, "straggler", test)

@@ -19,7 +19,7 @@ from gpumon.model import GpmActivity, GpuSample, Tick, XidCount
 from gpumon.trace import read_trace
 from tests.fakenvml import driver
 
-from .conftest import ROOT, free_port, start_serve
+from .conftest import ROOT, free_port, promtool_rule_test, served_labels, shipped_rule, start_serve
 
 
 @pytest.fixture(scope="module")
@@ -264,8 +264,6 @@ def test_serve_on_a_mig_gpu_flags_the_starved_instance_and_an_xid_79_fires_its_a
     """The issue's check: 2 GPUs, one in MIG mode with 3 instances; SM activity for each unit; a
     starved job on a MIG instance flagged starved; one scripted XID 79 counted exactly once, and
     the shipped alert fires on the series the daemon served."""
-    import yaml
-
     config = driver.mig_config(
         tmp_path, "healthy,idle", "starved-cpu,healthy,idle", seconds=60, extra=("xid 1 6000000 79",)
     )
@@ -304,53 +302,35 @@ def test_serve_on_a_mig_gpu_flags_the_starved_instance_and_an_xid_79_fires_its_a
     xid = [x for x in after if x.startswith("gpumon_gpu_xid_errors_total{")]
     assert xid == [x for x in xid if 'gpu="1"' in x and 'xid="79"' in x and 'mig=""' in x] and len(xid) == 1
     assert xid[0].endswith(" 1.0"), xid
-    labels = xid[0][len("gpumon_gpu_xid_errors_total{") : xid[0].index("}")]
-    labels = ",".join(x for x in labels.split(",") if not x.endswith('=""'))  # Prometheus drops them
-    instance = 'instance="node1:9877",job="gpumon"'
-    rules = yaml.safe_load((ROOT / "monitoring/gpumon.rules.yml").read_text())
-    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpumonGpuXidCritical")
+    labels = served_labels(xid[0][len("gpumon_gpu_xid_errors_total{") : xid[0].index("}")])
     uuid = labels.split('uuid="')[1].split('"')[0]
+    description = shipped_rule("GpumonGpuXidCritical")["annotations"]["description"]
+    alert = {
+        "exp_labels": {
+            **dict(x.replace('"', "").split("=", 1) for x in labels.split(",")),
+            "instance": "node1:9877",
+            "job": "gpumon",
+            "severity": "critical",
+        },
+        "exp_annotations": {
+            "summary": f"GPU 1 ({uuid}) on node1:9877 reported XID 79",
+            "description": description.replace("{{ $labels.xid }}", "79"),
+        },
+    }
     test = {
-        "rule_files": [str(ROOT / "monitoring/gpumon.rules.yml")],
-        "evaluation_interval": "15s",
-        "tests": [
+        # absent while `before` was served, then the value `after` had
+        "input_series": [
             {
-                "interval": "15s",
-                "input_series": [
-                    # absent while `before` was served, then the value `after` had
-                    {"series": f"gpumon_gpu_xid_errors_total{{{labels},{instance}}}", "values": "_ _ 1x8"}
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "15s", "alertname": "GpumonGpuXidCritical", "exp_alerts": []},
-                    {
-                        "eval_time": "30s",
-                        "alertname": "GpumonGpuXidCritical",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    **dict(x.replace('"', "").split("=", 1) for x in labels.split(",")),
-                                    "instance": "node1:9877",
-                                    "job": "gpumon",
-                                    "severity": "critical",
-                                },
-                                "exp_annotations": {
-                                    "summary": f"GPU 1 ({uuid}) on node1:9877 reported XID 79",
-                                    "description": rule["annotations"]["description"].replace(
-                                        "{{ $labels.xid }}", "79"
-                                    ),
-                                },
-                            }
-                        ],
-                    },
-                ],
+                "series": f'gpumon_gpu_xid_errors_total{{{labels},instance="node1:9877",job="gpumon"}}',
+                "values": "_ _ 1x8",
             }
         ],
+        "alert_rule_test": [
+            {"eval_time": "15s", "alertname": "GpumonGpuXidCritical", "exp_alerts": []},
+            {"eval_time": "30s", "alertname": "GpumonGpuXidCritical", "exp_alerts": [alert]},
+        ],
     }
-    (tmp_path / "xid.test.yml").write_text(yaml.safe_dump(test))
-    p = subprocess.run(
-        ["promtool", "test", "rules", str(tmp_path / "xid.test.yml")], capture_output=True, text=True
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    promtool_rule_test(tmp_path, "xid", test)
 
 
 # -- detector and traces ------------------------------------------------------------------------
