@@ -43,6 +43,9 @@ SUGGESTIONS = {
     "per-rank step times and balance the input across ranks",
     "underutilized": "steady low use without gaps: the work is too small for the GPU; raise the "
     "batch size (a multiple of the GPU count), use mixed precision, or share the GPU",
+    "underutilized-small-kernels": "NVML reads the GPU busy but its kernels fill few of its SMs "
+    "(GPM): raise the batch size, fuse small operations (torch.compile, XLA's jit_compile), and "
+    "cut launch overhead with CUDA graphs; or give the job a MIG slice of the GPU",
     "idle": "no job on the GPU: release it or schedule work",
 }
 
@@ -58,6 +61,8 @@ class GpuReport:
     wasted_gpu_s: float = 0.0
     jobs: dict[str, str | None] = field(default_factory=dict)
     """job id -> user, for every job seen on the GPU in the trace."""
+    mig: int | None = None
+    """A MIG instance's GPU instance id (`index` is its parent's)."""
 
     @property
     def observed_s(self) -> float:
@@ -300,6 +305,7 @@ def _run(
             rep = reports.get(key)
             if rep is None:
                 rep = reports[key] = GpuReport(v.index, v.uuid, v.name)
+                rep.mig = next((g.mig for g in tick.gpus if g.index == v.index and g.uuid == v.uuid), None)
             prev = last_t.get(key)
             dt = min(v.t_s - prev, th.window_s) if prev is not None else interval
             last_t[key] = v.t_s
@@ -391,7 +397,8 @@ def render_text(a: Analysis) -> str:
     for g in a.gpus:
         total = g.observed_s or 1.0
         lines.append("")
-        lines.append(f"GPU {g.index}  {g.name or '?'}  {g.uuid or '?'}")
+        where = f"GPU {g.index}" + (f" MIG {g.mig}" if g.mig is not None else "")
+        lines.append(f"{where}  {g.name or '?'}  {g.uuid or '?'}")
         if g.jobs:
             lines.append("  jobs:    " + ", ".join(f"{j} ({u})" if u else j for j, u in g.jobs.items()))
         headline = f"  verdict: {g.main_label.upper()}"
@@ -479,6 +486,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         "gpus": [
             {
                 "index": g.index,
+                "mig": g.mig,
                 "uuid": g.uuid,
                 "name": g.name,
                 "verdict": g.main_label,

@@ -16,6 +16,7 @@ STATE_COLORS = {
     "stalled": "#404040",
     "sync-stall": "#9467bd",
     "underutilized": "#bcbd22",
+    "underutilized-small-kernels": "#dbdb8d",
     "idle": "#c7c7c7",
     "unknown": "#eeeeee",
 }
