@@ -396,3 +396,19 @@ def test_the_pcp_endpoint_is_served_beside_metrics(daemon: str) -> None:
     assert "# PCP5 gpu.state" in text
     assert re.search(r'^gpu_state\{instname="gpu0",.*\} STcpu$', text, re.M), text
     assert re.search(r'^gpu_state\{instname="gpu1",.*\} ok$', text, re.M), text
+
+
+def test_a_mig_instance_is_a_pcp_instance_of_its_own() -> None:
+    """Two units share GPU 1's index (its parent and a MIG instance): PCP's instance names differ,
+    and the instance shows GPM's activity (NVML gives it no utilization)."""
+    from gpumon.model import GpmActivity, GpuSample, Tick
+    from gpumon.pcp import render, rows
+    from gpumon.snapshot import Snapshot
+
+    parent = GpuSample(1.0, 1, "GPU-1", "H100", mem_used_bytes=1, mem_total_bytes=2)
+    mig = GpuSample(1.0, 1, "MIG-1", "H100 MIG 1g.10gb", mig=2, gpm=GpmActivity(graphics_ratio=0.4))
+    snap = Snapshot(1.0, Tick(1.0, (parent, mig), None), (), {}, {}, 1, 0, {"kind": "nvml"})
+    text = render(snap).decode()
+    names = re.findall(r'instname="([^"]+)"', text)
+    assert set(names) == {"gpu1", "gpu1mig2"}
+    assert [r.util_pct for r in rows(snap)] == [None, 40.0]
