@@ -513,12 +513,12 @@ class NvmlSource:
             unit.failing.clear()
         mem = self._memory(unit)
         procs = self._processes(unit)
-        gpm = self._gpm_activity(unit, t_s) if not unit.gpm_checked or unit.gpm is not None else None
+        if not unit.gpm_checked:
+            self._gpm_activity(unit, t_s)  # where supported, sets up its sampling (`fast`)
         history: tuple[UtilPoint, ...] = ()
+        gpm = None
         if unit.fast is not None:
             history, gpm = self._drain(unit, t_s)
-        elif gpm is not None and gpm.graphics_ratio is not None:
-            history = (UtilPoint(round(t_s, 6), gpm.graphics_ratio),)  # not sampled faster: one a tick
         xids, last_xid = self._xid.seen(parent.index, unit.mig)
         if self._problems.any_active:
             self._problems.clear_prefix(
