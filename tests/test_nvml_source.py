@@ -246,3 +246,46 @@ def test_a_process_list_that_never_fits_is_left_out_once_logged(caplog: pytest.L
     assert g.available and g.processes == () and g.util_ratio is not None
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 3 * 2 * 3  # 3 tries, 2 GPUs, 3 ticks
     assert len([r for r in caplog.records if "kept growing" in r.getMessage()]) == 2  # once per GPU
+
+
+def test_xid_events_are_counted_per_code_and_a_failing_wait_is_a_problem_until_it_works() -> None:
+    """The XID thread's loop, driven: a failing wait, an XID 79 twice, a timeout; then stop."""
+    import types as _types
+
+    from gpumon.problems import Problems
+    from gpumon.sources.xid import XidWatcher
+
+    class Error(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    handle = object()
+    event = _types.SimpleNamespace(device=handle, eventType=0x8, eventData=79, gpuInstanceId=0xFFFFFFFF)
+    script: list[object] = [Error(999), event, event, Error(10)]
+    problems = Problems(logging.getLogger("t"))
+    seen: list[tuple[str, ...]] = []
+
+    class Nvml:
+        NVMLError = Error
+
+        def nvmlEventSetCreate(self) -> object:
+            return "set"
+
+        def nvmlDeviceRegisterEvents(self, h: object, types: int, s: object) -> None:
+            assert types == 0x8 and s == "set"
+
+        def nvmlEventSetWait_v2(self, s: object, timeout_ms: int) -> object:
+            seen.append(problems.active())
+            step = script.pop(0)
+            if not script:
+                watcher._stop.set()
+            if isinstance(step, Exception):
+                raise step
+            return step
+
+    watcher = XidWatcher(Nvml(), problems, wall_clock=lambda: 1234.5, retry_s=0.0)
+    assert watcher.register(3, handle)
+    watcher._run()
+    assert watcher.seen(3, None) == (((79, 2),), (79, 1234.5))
+    assert seen[1] and "waiting for XID events failed" in seen[1][0], "the failing wait is a problem"
+    assert not problems.active(), "and over once waiting works again"

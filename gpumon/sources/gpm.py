@@ -108,7 +108,6 @@ class GpmUnit:
         self._samples = [nvml.nvmlGpmSampleAlloc() for _ in range(3 if fast else 2)]
         self._anchor: int | None = None
         """The buffer holding the previous tick's sample."""
-        self._anchor_t = 0.0
         self._last: int | None = None
         """The buffer holding the newest sample (tick or step)."""
         self._last_t = 0.0
@@ -151,7 +150,7 @@ class GpmUnit:
             quick = None if value is None else min(1.0, value)
         if self._anchor is not None:
             full = activity_of(self._full.between(self._samples[self._anchor], self._samples[new]))
-        self._anchor, self._anchor_t = new, t_s
+        self._anchor = new
         self._last, self._last_t = new, t_s
         return quick, full
 

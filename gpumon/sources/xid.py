@@ -49,11 +49,13 @@ class XidWatcher:
         *,
         wait_ms: int = DEFAULT_WAIT_MS,
         wall_clock: Callable[[], float] = time.time,
+        retry_s: float = 1.0,
     ) -> None:
         self._nv = nvml
         self._problems = problems
         self._wait_ms = wait_ms
         self._wall = wall_clock
+        self._retry_s = retry_s
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._set: Any = None
         self._indices: dict[int, int] = {}
@@ -94,10 +96,14 @@ class XidWatcher:
             try:
                 data = nv.nvmlEventSetWait_v2(self._set, self._wait_ms)
             except self._error_type as e:
-                if getattr(e, "value", None) == _TIMEOUT:
+                if getattr(e, "value", None) != _TIMEOUT:
+                    self._problems.note("nvml:xid", f"nvml: waiting for XID events failed: {e}")
+                    self._stop.wait(self._retry_s)  # do not spin on a failing driver
                     continue
-                self._problems.note("nvml:xid", f"nvml: waiting for XID events failed: {e}")
-                self._stop.wait(1.0)  # do not spin on a failing driver
+                data = None
+            if self._problems.any_active:  # waiting works (again)
+                self._problems.clear("nvml:xid")
+            if data is None:
                 continue
             if int(data.eventType) & XID_CRITICAL_ERROR:
                 self.record(data.device, int(data.eventData), int(data.gpuInstanceId))
