@@ -3,7 +3,9 @@ of each GPU process with its loader children."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import namedtuple
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -224,19 +226,25 @@ def test_children_are_looked_for_every_few_seconds_not_every_tick() -> None:
         Proc.children = real_children  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def births(ps: FakePsutil, born: dict[int, float]) -> Iterator[HostSource]:
+    """Processes born at these wall-clock times (psutil's create_time), and a host source that
+    lists children every 5 s, at a wall clock long after them all."""
+    Proc.create_time = lambda self: born[self.pid]  # type: ignore[attr-defined]
+    try:
+        src = HostSource(ps, children_rescan_s=5.0)
+        src._wall = lambda: 1_000_000.0  # type: ignore[method-assign]
+        yield src
+    finally:
+        del Proc.create_time  # type: ignore[attr-defined]
+
+
 def test_a_worker_found_late_does_not_bring_its_whole_lifetime_into_one_tick() -> None:
     ps = FakePsutil()
     ps.cpu = {100: 0.0, 101: 0.0}
     ps.children = {100: [101]}
     born = {101: 0.0}  # wall-clock birth: long before gpumon's previous tick
-
-    def create_time(self) -> float:
-        return born[self.pid]
-
-    Proc.create_time = create_time  # type: ignore[attr-defined]
-    try:
-        src = HostSource(ps, children_rescan_s=5.0)
-        src._wall = lambda: 1_000_000.0  # type: ignore[method-assign]
+    with births(ps, born) as src:
         src.poll(0.0, [100])
         ps.cpu[105] = 40.0  # a worker that has run for a while, found at the next scan
         born[105] = 10.0
@@ -248,8 +256,6 @@ def test_a_worker_found_late_does_not_bring_its_whole_lifetime_into_one_tick() -
         ps.cpu[105] += 0.9
         h = src.poll(6.0, [100])
         assert h.processes[0].busiest_child_cpu_ratio == pytest.approx(0.9)
-    finally:
-        del Proc.create_time  # type: ignore[attr-defined]
 
 
 class FakeProcFs:
@@ -329,15 +335,7 @@ def test_a_worker_is_found_the_tick_it_is_born_whatever_the_jobs_age() -> None:
 def test_a_worker_found_late_brings_none_of_its_past_reads() -> None:
     ps = FakePsutil()
     ps.cpu = {100: 0.0}
-    born = {105: 10.0}
-
-    def create_time(self) -> float:
-        return born[self.pid]
-
-    Proc.create_time = create_time  # type: ignore[attr-defined]
-    try:
-        src = HostSource(ps, children_rescan_s=5.0)
-        src._wall = lambda: 1_000_000.0  # type: ignore[method-assign]
+    with births(ps, {105: 10.0}) as src:
         src.poll(0.0, [100])
         ps.cpu[105] = 40.0
         ps.read[105] = 9_000_000_000  # 9 GB read over its life, found at the next scan
@@ -349,8 +347,6 @@ def test_a_worker_found_late_brings_none_of_its_past_reads() -> None:
         ps.read[105] += 45_000_000
         h = src.poll(6.0, [100])
         assert h.processes[0].read_bytes_per_s == pytest.approx(45e6)
-    finally:
-        del Proc.create_time  # type: ignore[attr-defined]
 
 
 def test_procfs_reads_this_machines_kernel() -> None:
