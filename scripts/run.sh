@@ -7,6 +7,12 @@
 # `gpumon demo` (e.g. --phase-seconds 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! "${PYTHON:-python3}" -c 'import ctypes; ctypes.CDLL("libnvidia-ml.so.1")' 2>/dev/null &&
+   ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, keras' 2>/dev/null; }; then
+  echo "run: no NVIDIA driver here: the demo trains a real Keras job on the CPU, so this first run" \
+    "installs torch 2.13.0 (CPU build, about 1.2 GB in .venv; 1-3 minutes where the wheel is on disk," \
+    "several more to download it). Later runs start at once." >&2
+fi
 if GPUMON_EXTRAS=plot source scripts/setup.sh && gpumon devices >/dev/null 2>&1; then
   gpumon devices
   mkdir -p gpumon-run

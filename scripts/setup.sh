@@ -17,25 +17,30 @@ fi
 extras="${GPUMON_EXTRAS:-}"
 spec="$ROOT"
 [ -n "$extras" ] && spec="$ROOT[$extras]"
-stamp="$VENV/.gpumon-installed-$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)-${extras:-none}"
+sum=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)
+stamp="$VENV/.gpumon-installed-$sum-${extras:-none}"
 if [ ! -e "$stamp" ]; then
-  echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
   log="$VENV/pip-install.log"
-  if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip &&
-         "$VENV/bin/python" -m pip install --disable-pip-version-check -e "$spec"; } >"$log" 2>&1 ||
-     ! "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' 2>>"$log"; then
-    tail -n 30 "$log" >&2
-    echo "setup: installing into $VENV failed; pip's whole output is in $log" >&2
-    exit 1
+  : >"$log"
+  pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1; }
+  fail() { tail -n 30 "$log" >&2; echo "setup: $1; pip's whole output is in $log" >&2; exit 1; }
+  pip_install --upgrade pip || fail "upgrading pip in $VENV failed"
+  if [[ ",$extras," == *",bench,"* || ",$extras," == *",dev,"* ]] && ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    # Keras's backend (and Lightning's, for the tests): torch 2.13.0, installed before the extras
+    # so that nothing pulls a newer CUDA build. Where this machine holds the CPU build (these
+    # machines do), it is about 1.2 GB in .venv and takes a minute or two; elsewhere pip may
+    # download a CUDA build of several GB. A GPU machine that has torch keeps its own build.
+    echo "setup: installing torch==2.13.0 for the Keras job (CPU build: ~1.2 GB in .venv, 1-3 min; a CUDA build from PyPI is several GB)" >&2
+    pip_install "torch==2.13.0" || fail "installing torch failed"
   fi
-  if [[ ",$extras," == *",bench,"* ]] && ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-    # Keras's backend: torch 2.13.0, the CPU build that these machines hold on disk (a GPU
-    # machine that has torch already keeps its own CUDA build: this step is skipped there).
-    echo "setup: installing torch==2.13.0 for the Keras benchmark job" >&2
-    "$VENV/bin/python" -m pip install --disable-pip-version-check "torch==2.13.0" >>"$log" 2>&1 \
-      || { tail -n 30 "$log" >&2; echo "setup: installing torch failed; see $log" >&2; exit 1; }
-  fi
-  rm -f "$VENV"/.gpumon-installed-*
+  echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
+  pip_install -e "$spec" || fail "installing into $VENV failed"
+  "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' 2>>"$log" || fail "gpumon does not import in $VENV"
+  # Stamps of other package definitions are stale; those of other extras stay true (run.sh sets
+  # up "plot" and then "plot,bench": neither undoes the other).
+  for old in "$VENV"/.gpumon-installed-*; do
+    if [[ -e "$old" && "$old" != "$VENV/.gpumon-installed-$sum-"* ]]; then rm -f "$old"; fi
+  done
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 # systemd-analyze rates the unit; openssl makes throwaway certificates for the TLS tests;
 # Performance Co-Pilot (pmcd, its openmetrics PMDA, pcp-dstat) runs `dstat --gpu` the PCP way.
 need=()
+# Python with venv (Debian keeps venv's ensurepip in python3-venv), and git (the packaging test
+# lists the tracked files the wheel must hold)
+if [ -z "${PYTHON:-}" ]; then
+  command -v python3 >/dev/null || need+=(python3)
+  python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+fi
+command -v git >/dev/null || need+=(git)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
@@ -27,15 +34,32 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "test: apt-get install ${need[*]}" >&2
   apt-get update -qq >/dev/null
-  shim=""
-  if [ ! -d /run/systemd/system ]; then
-    # no systemd running (a container): package scripts that call systemctl (pcp's) would fail
-    shim=$(mktemp -d)
-    printf '#!/bin/sh\nexit 0\n' >"$shim/systemctl"
-    chmod +x "$shim/systemctl"
+  # Install without starting anything: the tests start the daemons they need (pmcd, munged,
+  # slurmctld, slurmd) themselves, on their own ports. policy-rc.d is Debian's switch for that
+  # (invoke-rc.d and deb-systemd-invoke ask it). pcp's postinst calls systemctl itself, which
+  # fails where no systemd runs (a container, a chroot); apt runs maintainer scripts with its own
+  # PATH (DPkg::Path), so the shim that answers in systemctl's place goes first in that PATH.
+  hold=$(mktemp -d)
+  printf '#!/bin/sh\nexit 0\n' >"$hold/systemctl"
+  chmod +x "$hold/systemctl"
+  dpkg_path=/usr/sbin:/usr/bin:/sbin:/bin
+  [ -d /run/systemd/system ] || dpkg_path="$hold:$dpkg_path"
+  policy=/usr/sbin/policy-rc.d
+  own_policy=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# gpumon scripts/test.sh: no service starts during this install\nexit 101\n' >"$policy"
+    chmod +x "$policy"
+    own_policy=1
   fi
-  PATH="${shim:+$shim:}$PATH" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  [ -z "$shim" ] || rm -rf "$shim"
+  status=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Path="$dpkg_path" "${need[@]}" >/dev/null \
+    || status=$?
+  [ -z "$own_policy" ] || rm -f "$policy"
+  rm -rf "$hold"
+  if [ "$status" -ne 0 ]; then
+    echo "test: apt-get install ${need[*]} failed (exit $status)" >&2
+    exit 1
+  fi
 fi
 dstat074=tests/.dstat-0.7.4
 if [ ! -x "$dstat074/usr/bin/dstat" ]; then
@@ -56,4 +80,7 @@ ruff format --check gpumon tests benchmarks
 echo "== mypy (strict, gpumon/)" >&2
 mypy
 echo "== pytest" >&2
-exec python -m pytest -q "$@"
+# Three workers, a module at a time on each (loadfile): most of the suite waits on real daemons and
+# real jobs, so it runs beside itself; tests/test_real_jobs.py (every real training job) goes first
+# and stays on one worker, so two jobs never share the two cores. -n 0 runs it in one process.
+exec python -m pytest -q -n "${GPUMON_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

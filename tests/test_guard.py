@@ -46,9 +46,7 @@ def setup() -> tuple[BlockingPynvml, CallGuard, NvmlSource, Supervisor]:
 def test_a_hung_gpu_costs_one_thread_and_is_read_again_once_its_call_returns() -> None:
     fake, guard, src, sup = setup()
     fake.blocked = {1}
-    start = time.monotonic()
-    gpus = sup.call(lambda: src.poll(1.0))
-    assert time.monotonic() - start < 2.0
+    gpus = sup.call(lambda: src.poll(1.0))  # returns while GPU 1's call still waits to be released
     assert gpus[0].available and not gpus[1].available and "does not return" in (gpus[1].error or "")
     assert sup.replaced == 1 and guard.stuck_threads == 1
     gpus = sup.call(lambda: src.poll(2.0))  # the stuck GPU is skipped at once: no new thread

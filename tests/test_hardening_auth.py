@@ -270,10 +270,8 @@ def test_tls_settings_gpumon_cannot_honour_are_refused(
 def test_an_encrypted_key_is_an_error_not_a_passphrase_prompt(pki: Path, tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {pki}/server.pem\n  key_file: {pki}/encrypted.key\n")
-    t0 = time.monotonic()
     with pytest.raises(WebConfigError, match="is encrypted"):
-        load_web_config(str(web))
-    assert time.monotonic() - t0 < 5
+        load_web_config(str(web))  # a prompt would wait on stdin (pytest's is closed): an error, not a hang
 
 
 def test_configured_headers_are_sent(tmp_path: Path) -> None:

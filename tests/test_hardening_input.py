@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -57,9 +56,8 @@ def test_a_t_s_of_1e12_is_refused_at_once_naming_the_line(base_trace: list[str],
     tick = json.loads(base_trace[5])
     tick["t_s"] = 1e12
     trace = write(tmp_path, "bad.jsonl", [*base_trace[:5], json.dumps(tick), *base_trace[6:]])
-    t0 = time.monotonic()
-    p = gpumon("analyze", str(trace))
-    assert time.monotonic() - t0 < 5 and p.returncode == 4, p.stderr  # the issue's bound is 2 s in-process
+    p = gpumon("analyze", str(trace))  # 1e12 s of ticks would never end: gpumon()'s timeout would fail
+    assert p.returncode == 4, p.stderr
     assert f"{trace}:6:" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -76,9 +74,13 @@ def test_a_long_gap_is_skipped_in_time_proportional_to_the_data(
                 g["util_history"] = [[t + shift, u] for t, u in g["util_history"]]
         out.append(json.dumps(d))
     trace = write(tmp_path, "gap.jsonl", out)
-    t0 = time.monotonic()
     code, _ = run_cli(capsys, "analyze", str(trace), "--json")
-    assert code == 0 and time.monotonic() - t0 < 10
+    assert code == 0
+    # the five days between are passed over, not sampled: one verdict per tick of data, no more
+    from gpumon.analysis import analyze
+
+    ticks_in = sum(json.loads(line).get("type") == "tick" for line in out)
+    assert all(len(g.verdicts) <= ticks_in for g in analyze(str(trace)).gpus)
     copy = tmp_path / "copy.jsonl"
     code, _ = run_cli(capsys, "record", "--replay", str(trace), "--speed", "max", "-o", str(copy))
     assert code == 0

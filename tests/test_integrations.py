@@ -1,6 +1,6 @@
 """gpumon's verdict in the training log (gpumon.integrations): against a stub daemon whose state
-the test writes, then end to end with real jobs (Keras bench, a plain PyTorch loop, Lightning)
-driving one `gpumon serve --drive` started for the module."""
+the test writes. With real jobs (Keras bench, a plain PyTorch loop, Lightning) driving a
+`gpumon serve --drive`: tests/test_real_jobs.py."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpumon.integrations import Watch, process_tree
 
-from .conftest import ROOT, free_port, start_serve
+from .conftest import free_port
 
 # -- a stub daemon ----------------------------------------------------------------------------------
 
@@ -168,67 +167,3 @@ def test_a_hung_daemon_never_holds_up_a_training_step(stub: Stub) -> None:
         cb.on_train_batch_end(n)
     stub.gate.set()
     cb.on_train_end()
-
-
-# -- end to end: real jobs, one daemon ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def driven(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    drive = tmp_path_factory.mktemp("drive") / "drive"
-    drive.touch()
-    port = free_port()
-    proc = start_serve("--drive", str(drive), port=port)
-    url = f"http://127.0.0.1:{port}"
-    yield url, drive
-    proc.terminate()
-    proc.wait(10)
-
-
-def job(url: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), GPUMON_URL=url, KERAS_BACKEND="torch"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-STARVED = "gpumon: GPU 0 starved (cpu)"
-
-
-def test_the_keras_bench_job_says_when_it_starves_and_not_when_it_is_fed(driven: tuple[str, Path]) -> None:
-    url, drive = driven
-    common = ["-m", "gpumon", "bench", "--drive", str(drive), "--watch", "--quiet"]
-    fed = job(url, *common, "--pipeline", "fed", "--duration", "22")
-    assert fed.returncode == 0, fed.stderr[-2000:]
-    assert "gpumon: GPU 0 starved" not in fed.stderr, fed.stderr
-    assert "gpumon: this run on GPU 0: healthy" in fed.stderr, fed.stderr
-    starved = job(url, *common, "--pipeline", "starved-cpu", "--duration", "26")
-    assert starved.returncode == 0, starved.stderr[-2000:]
-    said = [ln for ln in starved.stderr.splitlines() if ln.startswith(STARVED)]
-    assert len(said) == 1 and "PyDataset(workers=N, use_multiprocessing=True)" in said[0], starved.stderr
-    summary = [ln for ln in starved.stderr.splitlines() if ln.startswith("gpumon: this run on GPU 0")]
-    assert len(summary) == 1 and "starved-cpu" in summary[0] and "GPU-hours wasted" in summary[0]
-
-
-def test_a_plain_torch_loop_says_so_in_its_starved_phase_only(driven: tuple[str, Path]) -> None:
-    url, drive = driven
-    p = job(url, "tests/jobs/torch_loop.py", str(drive), "20", "26")
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = p.stdout
-    fed = out.split("== phase fed", 1)[1].split("== phase starved", 1)[0]
-    starved = out.split("== phase starved", 1)[1]
-    assert "starved" not in fed, out
-    assert STARVED in starved and "DataLoader(num_workers)" in starved, out
-    assert "gpumon: this run on GPU 0:" in out.split("== done", 1)[1]
-
-
-def test_the_lightning_callback_says_so_too(driven: tuple[str, Path]) -> None:
-    url, drive = driven
-    p = job(url, "tests/jobs/lightning_loop.py", str(drive), "28")
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert STARVED in p.stdout, p.stdout + p.stderr[-2000:]
-    assert "gpumon: this run on GPU 0:" in p.stdout

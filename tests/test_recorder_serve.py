@@ -43,6 +43,13 @@ def wait_state(url: str, ok, timeout: float = 60) -> dict:
         time.sleep(0.2)
 
 
+def written_s(state: dict) -> float:
+    rec = state.get("recorder") or {}
+    if rec.get("newest_unix_s") is None or rec.get("oldest_unix_s") is None:
+        return 0.0
+    return float(rec["newest_unix_s"] - rec["oldest_unix_s"])
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     directory = tmp_path_factory.mktemp("recordings")
@@ -51,7 +58,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         "--simulate", "starved-cpu,healthy", "--speed", "20", "--record-dir", str(directory), port=port
     )
     url = f"http://127.0.0.1:{port}"
-    wait_state(url, lambda s: s.get("ticks", 0) >= 200)
+    # 200 ticks written (not only sampled: the recorder writes from its own queue), 1 s apart on the
+    # simulated clock, which the recorder stamps from start + t_s
+    wait_state(url, lambda s: written_s(s) >= 200)
     yield url, directory
     proc.terminate()
     proc.wait(10)
