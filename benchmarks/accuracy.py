@@ -29,9 +29,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumon.analysis import Analysis, analyze
-from gpumon.corpus import LABELS, NEVER_STARVED, Case, generate, record
-from gpumon.detector.config import Thresholds
+from gpumon.analyze.corpus import LABELS, NEVER_STARVED, Case, generate, record
+from gpumon.analyze.trace_report import Analysis, analyze
+from gpumon.detect.thresholds import Thresholds
 
 
 @dataclass

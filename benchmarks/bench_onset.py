@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks.driven import record_bench
-from gpumon.analysis import analyze
+from gpumon.analyze.trace_report import analyze
 
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "starved-cpu": (("--pipeline", "starved-cpu"), "cpu"),

@@ -14,9 +14,9 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from gpumon.analysis import read_truth
-from gpumon.model import GpmActivity, clock_reasons
-from gpumon.trace import read_trace
+from gpumon.analyze.trace_report import read_truth
+from gpumon.core.model import GpmActivity, clock_reasons
+from gpumon.trace.reader import read_trace
 
 RATIOS = ("graphics_ratio", "sm_active_ratio", "sm_occupancy_ratio", "tensor_ratio", "dram_bw_ratio")
 

@@ -10,7 +10,7 @@ time.process_time (sleeps do not count), median of --repeats runs of --ticks tic
                    last-seen sample timestamps tracked), each value read once into a tuple:
                    the least any program must do to get these numbers
   gpumon           NvmlSource.poll as every command runs it on real GPUs: each call that may
-                   hang bracketed by the guard (gpumon.guard), on a thread a supervisor watches
+                   hang bracketed by the guard (gpumon.core.guard), on a thread a supervisor watches
                    with a 1 s deadline (the whole measurement runs on that thread)
   gpumon, no guard NvmlSource.poll without the guard (what simulated GPUs run)
   gpumon, GPM off  NvmlSource.poll with GPM not read (the stand-in's GPUs are Hopper-like: GPM
@@ -73,9 +73,9 @@ def interleaved(contenders: dict[str, tuple[Callable[[], object], int]], repeats
 def child(ticks: int, repeats: int, peers: bool) -> None:
     import pynvml
 
-    from gpumon.guard import CallGuard
-    from gpumon.pipeline.supervisor import Supervisor
-    from gpumon.sources.nvml import NvmlSource
+    from gpumon.collect.pipeline.supervisor import Supervisor
+    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.core.guard import CallGuard
 
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -179,9 +179,9 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
 def mig_child(ticks: int, repeats: int) -> None:
     import pynvml
 
-    from gpumon.guard import CallGuard
-    from gpumon.pipeline.supervisor import Supervisor
-    from gpumon.sources.nvml import NvmlSource
+    from gpumon.collect.pipeline.supervisor import Supervisor
+    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.core.guard import CallGuard
 
     guard = CallGuard()
     with_fast = NvmlSource(pynvml, guard=guard)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpumon.recorder import list_segments
+from gpumon.trace.segments import list_segments
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = "starved-cpu,healthy,starved-io,stalled"

@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
-from gpumon.clock import VirtualClock
-from gpumon.pipeline import OpenedSources, Pipeline, SourceSpec
-from gpumon.problems import Problems
-from gpumon.sources.host import HostSource, load_psutil
-from gpumon.sources.nvml import NvmlSource
+from gpumon.collect.pipeline import OpenedSources, Pipeline, SourceDescription, SourceSpec
+from gpumon.collect.sources.host import HostSource, load_psutil
+from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.core.clock import VirtualClock
+from gpumon.core.problems import Problems
 
 
 class CannedNvml:
@@ -131,7 +131,7 @@ def main() -> None:
             if host is not None and births:
                 born = itertools.count(1 << 30)
                 host._procfs.newest_pid = lambda: next(born)
-            sources = OpenedSources(gpu=src, host=host, description={"kind": "nvml"})
+            sources = OpenedSources(gpu=src, host=host, description=SourceDescription.nvml())
             pipeline = Pipeline(SourceSpec("nvml"), clock, sources=sources, problems=problems)
             if with_detector:
                 pipeline.on_verdicts(lambda tick, verdicts: None)  # a listener: the detector runs

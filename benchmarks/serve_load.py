@@ -26,8 +26,8 @@ import subprocess
 import sys
 import time
 
-from gpumon.config import Config
-from gpumon.daemon import Daemon
+from gpumon.config.settings import Config
+from gpumon.serve.daemon import Daemon
 
 LOADER = r"""
 import http.client, json, sys, threading, time

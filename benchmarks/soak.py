@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from gpumon.clock import VirtualClock
-from gpumon.config import Config
-from gpumon.daemon import Daemon
+from gpumon.config.settings import Config
+from gpumon.core.clock import VirtualClock
+from gpumon.serve.daemon import Daemon
 
 
 def rss_mb() -> float:

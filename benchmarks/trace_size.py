@@ -6,7 +6,7 @@ Samples a simulated fleet for --hours on a virtual clock (driver samples at 1/6 
 what the daemon records by default), then encodes the same ticks several ways, each flushed after
 every tick as a recorder must be (a kill -9 may cost only the tick being written):
 - version 1 (JSON Lines), raw and through zlib;
-- version 2's compact records (gpumon.tracev2.Encoder) through zlib levels 1, 6, 9, and through
+- version 2's compact records (gpumon.trace.compact.Encoder) through zlib levels 1, 6, 9, and through
   zstandard levels 3, 9, 19 when the `zstandard` package is installed (it is not a dependency).
 Reports MB per GPU per day and CPU microseconds per tick for each. Goal (issue 16): at most 6 MB
 per GPU per day.
@@ -21,12 +21,12 @@ import time
 import zlib
 from collections.abc import Callable
 
-from gpumon.clock import VirtualClock
-from gpumon.model import Tick
-from gpumon.pipeline import Pipeline, SourceSpec
-from gpumon.problems import Problems
-from gpumon.trace import tick_to_dict
-from gpumon.tracev2 import Encoder
+from gpumon.collect.pipeline import Pipeline, SourceSpec
+from gpumon.core.clock import VirtualClock
+from gpumon.core.model import Tick
+from gpumon.core.problems import Problems
+from gpumon.trace.compact import Encoder
+from gpumon.trace.records import tick_to_dict
 
 
 def sample(scenarios: str, seconds: float) -> list[Tick]:

@@ -42,6 +42,12 @@ bind /proc; bind /sys; bind /dev; bind /dev/pts
 for conf in /etc/pip.conf /etc/xdg/pip /root/.config/pip; do
   [ -e "$conf" ] && { mkdir -p "$root$(dirname "$conf")"; cp -r "$conf" "$root$conf"; }
 done
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  # this machine reaches its package index through a CA of its own: the root trusts it too
+  mkdir -p "$root$(dirname "$PIP_CERT")"
+  cp "$PIP_CERT" "$root$PIP_CERT.gpumon-check"
+  chroot "$root" sh -c "cat '$PIP_CERT.gpumon-check' >>'$PIP_CERT' && rm '$PIP_CERT.gpumon-check'"
+fi
 for dir in ${PIP_FIND_LINKS:-} /opt/wheels /opt/pypi /opt/pypi-more; do
   [ -d "$dir" ] && bind "$dir" ro
 done

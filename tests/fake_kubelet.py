@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gpumon.sources.podresources import api_pb2, api_pb2_grpc
+from gpumon.collect.sources.podresources import api_pb2, api_pb2_grpc
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.analysis import Analysis
+from gpumon.analyze.trace_report import Analysis
 
 from .conftest import ROOT
 

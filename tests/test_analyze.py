@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.accuracy import run as score_corpus
-from gpumon.analysis import analyze
-from gpumon.corpus import generate
-from gpumon.detector.config import Thresholds
+from gpumon.analyze.corpus import generate
+from gpumon.analyze.trace_report import analyze
+from gpumon.detect.thresholds import Thresholds
 from gpumon.sim.scenarios import SCENARIOS, SWITCH_S
 
 from .conftest import gpumon

@@ -45,9 +45,9 @@ def test_only_the_nvml_source_imports_pynvml_and_only_the_host_source_psutil() -
         rel = path.relative_to(ROOT).as_posix()
         found = imports(path)
         if "pynvml" in found:
-            assert rel == "gpumon/sources/nvml.py", rel
+            assert rel == "gpumon/collect/sources/nvml/", rel
         if "psutil" in found:
-            assert rel == "gpumon/sources/host.py", rel
+            assert rel == "gpumon/collect/sources/host.py", rel
 
 
 def test_the_daemon_never_imports_an_ml_framework() -> None:
@@ -88,20 +88,25 @@ def test_imports_point_one_way() -> None:
     """sources never import the simulator or the wiring; the simulator imports nothing above it;
     the detector only itself and the model; the sampler nothing above it (STYLE.md)."""
     allowed_below = {
-        "gpumon.sources": (
-            "gpumon.sources",
-            "gpumon.model",
-            "gpumon.problems",
-            "gpumon.errors",
-            "gpumon.guard",
-            "gpumon.trace",
-            "gpumon.clock",
+        "gpumon.collect.sources": (
+            "gpumon.collect.sources",
+            "gpumon.core.model",
+            "gpumon.core.problems",
+            "gpumon.core.errors",
+            "gpumon.core.guard",
+            "gpumon.trace.reader",
+            "gpumon.core.clock",
         ),
-        "gpumon.sim": ("gpumon.sim", "gpumon.clock", "gpumon.errors", "gpumon.model"),
-        "gpumon.detector": ("gpumon.detector", "gpumon.model"),
-        "gpumon.sampler": ("gpumon.model", "gpumon.problems", "gpumon.clock", "gpumon.errors"),
-        "gpumon.guard": (),
-        "gpumon.problems": (),
+        "gpumon.sim": ("gpumon.sim", "gpumon.core.clock", "gpumon.core.errors", "gpumon.core.model"),
+        "gpumon.detect": ("gpumon.detect", "gpumon.core.model"),
+        "gpumon.collect.sampler": (
+            "gpumon.core.model",
+            "gpumon.core.problems",
+            "gpumon.core.clock",
+            "gpumon.core.errors",
+        ),
+        "gpumon.core.guard": (),
+        "gpumon.core.problems": (),
     }
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
@@ -133,14 +138,14 @@ def test_the_simulator_has_no_import_cycle() -> None:
 
 
 def test_the_pipeline_is_built_in_one_place() -> None:
-    """Sampler, detector stage and sources are put together by gpumon.pipeline alone; commands,
+    """Sampler, detector stage and sources are put together by gpumon.collect.pipeline alone; commands,
     the daemon, the demo and the benchmarks ask it for a Pipeline."""
     builders = {"Sampler", "DetectorSink", "open_sources", "Fleet"}
     allowed = {
-        "gpumon/pipeline/pipeline.py",
-        "gpumon/pipeline/sources.py",
+        "gpumon/collect/pipeline/pipeline.py",
+        "gpumon/collect/pipeline/sources.py",
         "gpumon/cli/serve.py",
-        "gpumon/corpus.py",
+        "gpumon/analyze/corpus.py",
         "gpumon/sim/driven.py",
     }
     for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
@@ -151,5 +156,5 @@ def test_the_pipeline_is_built_in_one_place() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in builders:
                 raise AssertionError(
-                    f"{rel}:{node.lineno} builds a {node.func.id} itself: use gpumon.pipeline"
+                    f"{rel}:{node.lineno} builds a {node.func.id} itself: use gpumon.collect.pipeline"
                 )

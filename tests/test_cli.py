@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpumon import __version__
-from gpumon.trace import read_trace
+from gpumon.trace.reader import read_trace
 
 from .conftest import ROOT, gpumon, nvidia_driver_present
 

@@ -15,7 +15,7 @@ import pytest
 from gpumon.cli import main
 from gpumon.cli import serve as serve_cmd
 from gpumon.cli.app import build_parser
-from gpumon.config import SETTINGS, load
+from gpumon.config.settings import SETTINGS, load
 
 from .conftest import ROOT, free_port, gpumon, start_serve
 
@@ -180,7 +180,7 @@ def test_check_config_accepts_a_good_web_config(tmp_path: Path, capsys: pytest.C
 
 
 def test_environment_values_get_the_same_checks(tmp_path: Path) -> None:
-    from gpumon.config import ConfigError
+    from gpumon.config.settings import ConfigError
 
     with pytest.raises(ConfigError, match=r"GPUMON_INTERVAL \(interval_s\): must be a finite number"):
         load(None, {"GPUMON_INTERVAL": "nan"}, {})

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpumon.detector.classify import classify
-from gpumon.detector.config import Thresholds
-from gpumon.detector.evidence import Evidence, GpuWindow, gather
-from gpumon.detector.tracker import MAX_EPISODES_KEPT, StarvationDetector, waste_share
-from gpumon.model import GpuProcess, GpuSample, HostSample, ProcessCpu, UtilPoint
+from gpumon.core.model import GpuProcess, GpuSample, HostSample, ProcessCpu, UtilPoint
+from gpumon.detect.classify import classify
+from gpumon.detect.evidence import Evidence, GpuWindow, gather
+from gpumon.detect.thresholds import Thresholds
+from gpumon.detect.tracker import MAX_EPISODES_KEPT, StarvationDetector, waste_share
 
 TH = Thresholds()
 
@@ -436,10 +436,10 @@ def test_an_episodes_evidence_comes_from_its_steady_part_not_the_teardown() -> N
     went (no workers, a busy host), which would contradict its own cause."""
     import logging
 
-    from gpumon.clock import VirtualClock
-    from gpumon.pipeline import Pipeline, SourceSpec
-    from gpumon.pipeline.sources import simulated
-    from gpumon.problems import Problems
+    from gpumon.collect.pipeline import Pipeline, SourceSpec
+    from gpumon.collect.pipeline.sources import simulated
+    from gpumon.core.clock import VirtualClock
+    from gpumon.core.problems import Problems
     from gpumon.sim.fleet import Fleet
     from gpumon.sim.scenarios import IDLE, STARVED_CPU, Phase, Scenario
 
@@ -477,8 +477,8 @@ def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_epis
     """A starved job whose cause reads host, then io, then cpu as its workers show up: starved
     confirm_s after the first starved window all the same; the cause settles inside the episode,
     each change confirmed, and the episode is named for the cause that held longest."""
-    from gpumon.detector import tracker
-    from gpumon.detector.classify import Classification
+    from gpumon.detect import tracker
+    from gpumon.detect.classify import Classification
 
     script = (
         ["healthy"] * 10 + ["starved-host", "starved-io", "starved-host", "starved-io"] + ["starved-cpu"] * 20

@@ -7,8 +7,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from gpumon.config import Config
-from gpumon.detector.config import Thresholds
+from gpumon.config.settings import Config
+from gpumon.detect.thresholds import Thresholds
 
 from .conftest import ROOT
 
@@ -18,8 +18,8 @@ def metrics_with_a_job(tmp: Path) -> str:
     import os
     import subprocess
 
-    from gpumon.clock import VirtualClock
-    from gpumon.daemon import Daemon
+    from gpumon.core.clock import VirtualClock
+    from gpumon.serve.daemon import Daemon
 
     env = {
         "PATH": os.environ["PATH"],
@@ -46,9 +46,9 @@ def metrics_of_a_hopper_gpu() -> str:
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    from gpumon.exporter import GpumonCollector
-    from gpumon.model import GpmActivity, GpuSample, Tick, XidCount
-    from gpumon.snapshot import Snapshot
+    from gpumon.core.model import GpmActivity, GpuSample, Tick, XidCount
+    from gpumon.serve.metrics import GpumonCollector
+    from gpumon.serve.snapshot import Snapshot
 
     gpm = GpmActivity(*([0.5] * 8), 1e9, 1e8, 2e9, 2e8)
     g = GpuSample(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.clock import VirtualClock
+from gpumon.core.clock import VirtualClock
 from gpumon.sim.driven import SPIN_POWER_RATIO, DrivenFleet, DrivenGpu
 
 from .conftest import ROOT

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.trace import read_trace
+from gpumon.trace.reader import read_trace
 from tests.fakenvml import driver
 
 from .conftest import ROOT
@@ -177,9 +177,9 @@ def test_stuck_threads_are_bounded(library: Path, tmp_path: Path) -> None:
     )
     code = textwrap.dedent("""
         import threading, time, pynvml
-        from gpumon.guard import CallGuard
-        from gpumon.pipeline.supervisor import Supervisor
-        from gpumon.sources.nvml import NvmlSource
+        from gpumon.core.guard import CallGuard
+        from gpumon.collect.pipeline.supervisor import Supervisor
+        from gpumon.collect.sources.nvml import NvmlSource
         guard = CallGuard()
         src = NvmlSource(pynvml, guard=guard)
         src.open()
@@ -204,9 +204,9 @@ def test_a_driver_absent_at_start_is_picked_up_when_it_appears(library: Path, tm
     later = tmp_path / "appears-later.conf"
     code = textwrap.dedent(f"""
         import logging, pathlib, shutil, pynvml
-        from gpumon.errors import NoDriverError
-        from gpumon.problems import Problems
-        from gpumon.sources.nvml import NvmlSource
+        from gpumon.core.errors import NoDriverError
+        from gpumon.core.problems import Problems
+        from gpumon.collect.sources.nvml import NvmlSource
         logging.basicConfig()
         problems = Problems(logging.getLogger("t"))
         src = NvmlSource(pynvml, problems, retry_init=True)

@@ -7,10 +7,10 @@ import logging
 import threading
 import time
 
-from gpumon.guard import CallGuard
-from gpumon.pipeline.supervisor import Supervisor
-from gpumon.problems import Problems
-from gpumon.sources.nvml import NvmlSource
+from gpumon.collect.pipeline.supervisor import Supervisor
+from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.core.guard import CallGuard
+from gpumon.core.problems import Problems
 
 from .test_nvml_source import FakePynvml
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.config import Config
-from gpumon.daemon import Daemon
-from gpumon.webconfig import WebConfigError, load_web_config
+from gpumon.config.settings import Config
+from gpumon.core.clock import VirtualClock
+from gpumon.serve.daemon import Daemon
+from gpumon.serve.webconfig import WebConfigError, load_web_config
 
 from . import hostile
 

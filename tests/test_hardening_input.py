@@ -77,7 +77,7 @@ def test_a_long_gap_is_skipped_in_time_proportional_to_the_data(
     code, _ = run_cli(capsys, "analyze", str(trace), "--json")
     assert code == 0
     # the five days between are passed over, not sampled: one verdict per tick of data, no more
-    from gpumon.analysis import analyze
+    from gpumon.analyze.trace_report import analyze
 
     ticks_in = sum(json.loads(line).get("type") == "tick" for line in out)
     assert all(len(g.verdicts) <= ticks_in for g in analyze(str(trace)).gpus)

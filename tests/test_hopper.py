@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.detector.classify import SMALL_KERNELS
-from gpumon.model import GpmActivity, GpuSample, Tick, XidCount
-from gpumon.trace import read_trace
+from gpumon.core.model import GpmActivity, GpuSample, Tick, XidCount
+from gpumon.detect.classify import SMALL_KERNELS
+from gpumon.trace.reader import read_trace
 from tests.fakenvml import driver
 
 from .conftest import ROOT, free_port, promtool_rule_test, served_labels, shipped_rule, start_serve
@@ -104,7 +104,7 @@ def test_a_pre_hopper_stand_in_answers_not_supported_and_gpumon_leaves_the_field
     p = python(
         """
         import logging, os, pynvml
-        from gpumon.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml import NvmlSource
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         out = [pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice]
@@ -133,7 +133,7 @@ def test_a_pre_hopper_stand_in_answers_not_supported_and_gpumon_leaves_the_field
 
 MIG_SCRIPT = """
     import json, os, time, pynvml
-    from gpumon.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml import NvmlSource
     src = NvmlSource(pynvml); src.open()
     ticks = []
     for t in range(1, 5):
@@ -208,7 +208,7 @@ def test_clock_events_fall_back_to_the_deprecated_throttle_reasons_call(
     p = python(
         """
         import os, pynvml
-        from gpumon.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml import NvmlSource
         src = NvmlSource(pynvml); src.open()
         for t in (1, 2, 3):
             os.environ["FAKENVML_NOW_US"] = str(t * 1_000_000)
@@ -361,7 +361,8 @@ def test_small_kernels_are_called_out_only_where_gpm_is_read(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_traces_keep_mig_units_gpm_clock_events_and_xids(tmp_path: Path, version: int) -> None:
-    from gpumon.trace import TraceWriter, TraceWriterV2, make_header
+    from gpumon.trace.records import make_header
+    from gpumon.trace.writer import TraceWriter, TraceWriterV2
 
     gpm = GpmActivity(graphics_ratio=0.9, sm_active_ratio=0.3, nvlink_rx_bytes_per_s=1e9)
 

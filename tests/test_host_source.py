@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumon.sources.host import HostSource, cpu_ratios, rate
+from gpumon.collect.sources.host import HostSource, cpu_ratios, rate
 
 T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
 TNoIowait = namedtuple("TNoIowait", "user system idle")
@@ -355,7 +355,7 @@ def test_procfs_reads_this_machines_kernel() -> None:
     import subprocess
     import sys
 
-    from gpumon.sources.host import ProcFs
+    from gpumon.collect.sources.host import ProcFs
 
     procfs = ProcFs()
     on_cpu, waited = procfs.sched(os.getpid())

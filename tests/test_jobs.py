@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.config import Config
-from gpumon.daemon import Daemon
-from gpumon.model import GpuProcess, GpuSample, JobRef
-from gpumon.problems import Problems
-from gpumon.sources.jobs import JobSource, parse_cgroup, parse_mapping_file
+from gpumon.collect.sources.jobs import JobSource, parse_cgroup, parse_mapping_file
+from gpumon.config.settings import Config
+from gpumon.core.clock import VirtualClock
+from gpumon.core.model import GpuProcess, GpuSample, JobRef
+from gpumon.core.problems import Problems
+from gpumon.serve.daemon import Daemon
 
 from .conftest import ROOT
 
@@ -208,7 +208,7 @@ def test_one_info_series_per_gpu_and_job_and_the_job_in_state_and_traces(tmp_pat
     first, second = (g["jobs"] for g in state["gpus"][:2])
     assert second == [] and len(first) == 1 and first[0]["job_id"] == "500" and first[0]["user"] == "dana"
     assert first[0]["via"] == "prolog" and first[0]["started_unix_s"] > 0
-    from gpumon.trace import tick_from_dict, tick_to_dict
+    from gpumon.trace.records import tick_from_dict, tick_to_dict
 
     tick = d.sampler.last_tick
     assert tick is not None

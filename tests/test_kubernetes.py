@@ -18,11 +18,11 @@ import grpc
 import pytest
 import yaml
 
-from gpumon.clock import VirtualClock
-from gpumon.config import Config
-from gpumon.daemon import Daemon
-from gpumon.problems import Problems
-from gpumon.sources.kubelet import CALL_DEADLINE_S, KubeletClient, device_key
+from gpumon.collect.sources.kubelet import CALL_DEADLINE_S, KubeletClient, device_key
+from gpumon.config.settings import Config
+from gpumon.core.clock import VirtualClock
+from gpumon.core.problems import Problems
+from gpumon.serve.daemon import Daemon
 
 from .conftest import ROOT, free_port
 from .fake_kubelet import FakeKubelet, Pod
@@ -314,14 +314,14 @@ def test_permission_denied_on_the_socket_is_named(
     ],
 )
 def test_a_pods_cgroup_names_its_uid_and_container(text: str, expected: tuple[str, str] | None) -> None:
-    from gpumon.sources.jobs import parse_pod_cgroup
+    from gpumon.collect.sources.jobs import parse_pod_cgroup
 
     assert parse_pod_cgroup(text) == expected
 
 
 def test_a_gpu_reaching_a_pod_without_the_device_plugin_is_named_by_its_cgroup(tmp_path: Path) -> None:
-    from gpumon.model import GpuProcess, GpuSample
-    from gpumon.sources.jobs import JobSource
+    from gpumon.collect.sources.jobs import JobSource
+    from gpumon.core.model import GpuProcess, GpuSample
 
     proc = tmp_path / "proc" / "4242"
     proc.mkdir(parents=True)
@@ -341,8 +341,8 @@ def test_a_gpu_reaching_a_pod_without_the_device_plugin_is_named_by_its_cgroup(t
 
 
 def test_a_down_kubelet_is_the_reason_a_busy_gpu_names_no_pod(kubelet: FakeKubelet) -> None:
-    from gpumon.model import GpuProcess, GpuSample
-    from gpumon.sources.jobs import JobSource
+    from gpumon.collect.sources.jobs import JobSource
+    from gpumon.core.model import GpuProcess, GpuSample
 
     kubelet.stop()
     c = client(kubelet)

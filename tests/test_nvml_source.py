@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumon.errors import NoDriverError
-from gpumon.problems import Problems
-from gpumon.sources.nvml import NvmlSource, SampleClockAligner
+from gpumon.collect.sources.nvml import NvmlSource, SampleClockAligner
+from gpumon.core.errors import NoDriverError
+from gpumon.core.problems import Problems
 
 
 class NVMLError(Exception):
@@ -252,8 +252,8 @@ def test_xid_events_are_counted_per_code_and_a_failing_wait_is_a_problem_until_i
     """The XID thread's loop, driven: a failing wait, an XID 79 twice, a timeout; then stop."""
     import types as _types
 
-    from gpumon.problems import Problems
-    from gpumon.sources.xid import XidWatcher
+    from gpumon.collect.sources.xid import XidWatcher
+    from gpumon.core.problems import Problems
 
     class Error(Exception):
         def __init__(self, value: int) -> None:

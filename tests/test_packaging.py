@@ -20,7 +20,7 @@ from gpumon import __version__
 
 from .conftest import ROOT
 
-PACKAGED = ("gpumon", "dstat_plugins")
+PACKAGED = ("gpumon",)
 
 
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon import dstat_pcp, pcp
+from gpumon.dstat import pcp as dstat_pcp
+from gpumon.serve import pcp
 
 from .conftest import ROOT, free_port, start_serve
 
@@ -323,7 +324,7 @@ def test_basic_auth_goes_to_the_daemon_as_a_header(
 
 
 def test_the_state_codes_are_those_of_the_dstat_074_plugin() -> None:
-    tree = ast.parse((ROOT / "dstat_plugins" / "dstat_gpu.py").read_text())
+    tree = ast.parse((ROOT / "gpumon" / "dstat" / "plugin" / "dstat_gpu.py").read_text())
     codes = next(
         ast.literal_eval(node.value)
         for node in tree.body
@@ -401,9 +402,9 @@ def test_the_pcp_endpoint_is_served_beside_metrics(daemon: str) -> None:
 def test_a_mig_instance_is_a_pcp_instance_of_its_own() -> None:
     """Two units share GPU 1's index (its parent and a MIG instance): PCP's instance names differ,
     and the instance shows GPM's activity (NVML gives it no utilization)."""
-    from gpumon.model import GpmActivity, GpuSample, Tick
-    from gpumon.pcp import render, rows
-    from gpumon.snapshot import Snapshot
+    from gpumon.core.model import GpmActivity, GpuSample, Tick
+    from gpumon.serve.pcp import render, rows
+    from gpumon.serve.snapshot import Snapshot
 
     parent = GpuSample(1.0, 1, "GPU-1", "H100", mem_used_bytes=1, mem_total_bytes=2)
     mig = GpuSample(1.0, 1, "MIG-1", "H100 MIG 1g.10gb", mig=2, gpm=GpmActivity(graphics_ratio=0.4))

@@ -1,4 +1,4 @@
-"""The daemon's flight recorder (gpumon.recorder): segments, retention, a full or unwritable disk,
+"""The daemon's flight recorder (gpumon.trace.recorder): segments, retention, a full or unwritable disk,
 and `gpumon analyze --from` over what it wrote. Time is injected: a virtual clock drives a
 simulated fleet, and the recorder's wall clock starts at a fixed instant."""
 
@@ -15,17 +15,20 @@ from typing import Any
 
 import pytest
 
-from gpumon.analysis import analyze_range
-from gpumon.clock import VirtualClock
-from gpumon.errors import OutputError, TraceError
-from gpumon.model import Tick
-from gpumon.pipeline import Pipeline, SourceSpec
-from gpumon.pipeline.sources import simulated
-from gpumon.problems import Problems
-from gpumon.recorder import Recorder, list_segments, segment_start
+from gpumon.analyze.trace_report import analyze_range
+from gpumon.collect.pipeline import Pipeline, SourceSpec
+from gpumon.collect.pipeline.sources import simulated
+from gpumon.core.clock import VirtualClock
+from gpumon.core.errors import OutputError, TraceError
+from gpumon.core.model import Tick
+from gpumon.core.problems import Problems
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import parse_scenarios
-from gpumon.trace import TraceWriterV2, read_trace, tick_to_dict
+from gpumon.trace.reader import read_trace
+from gpumon.trace.recorder import Recorder
+from gpumon.trace.records import tick_to_dict
+from gpumon.trace.segments import list_segments, segment_start
+from gpumon.trace.writer import TraceWriterV2
 
 from .conftest import gpumon
 
@@ -261,7 +264,7 @@ def test_analysis_of_a_longer_range_takes_no_more_memory(tmp_path: Path) -> None
 
 
 def test_segment_names_round_trip() -> None:
-    from gpumon.recorder import segment_name
+    from gpumon.trace.segments import segment_name
 
     for t in (EPOCH, EPOCH + 3599, 0.0):
         assert segment_start(segment_name(t)) == float(int(t))
@@ -299,7 +302,7 @@ def test_a_corrupt_segment_names_the_file_and_byte(tmp_path: Path) -> None:
 def test_sharing_a_range_among_processes_changes_nothing(tmp_path: Path) -> None:
     import json
 
-    from gpumon.analysis import to_json
+    from gpumon.analyze.trace_report import to_json
 
     run(tmp_path, 300, "starved-cpu,healthy,starved-io", segment_s=120)
     alone = to_json(analyze_range(str(tmp_path), EPOCH, EPOCH + 400, jobs=1))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.recorder import list_segments
-from gpumon.trace import read_trace
+from gpumon.trace.reader import read_trace
+from gpumon.trace.segments import list_segments
 
 from .conftest import free_port, start_serve
 

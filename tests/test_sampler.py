@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.model import GpuProcess, GpuSample, HostSample, UtilPoint
-from gpumon.problems import Problems
-from gpumon.sampler import Sampler
+from gpumon.collect.sampler import Sampler
+from gpumon.core.clock import VirtualClock
+from gpumon.core.model import GpuProcess, GpuSample, HostSample, UtilPoint
+from gpumon.core.problems import Problems
 
 
 class StubGpus:

@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.config import Config, ConfigError, load
-from gpumon.daemon import Daemon, source_spec
-from gpumon.model import GpuSample
-from gpumon.pipeline import OpenedSources, open_sources
-from gpumon.problems import Problems
+from gpumon.collect.pipeline import OpenedSources, SourceDescription, open_sources
+from gpumon.config.settings import Config, ConfigError, load
+from gpumon.config.sources import source_spec
+from gpumon.core.clock import VirtualClock
+from gpumon.core.model import GpuSample
+from gpumon.core.problems import Problems
+from gpumon.serve.daemon import Daemon
 
 from .conftest import ROOT
 
@@ -211,7 +212,7 @@ def test_basic_auth_and_tls(served, tmp_path: Path) -> None:
     ],
 )
 def test_bad_web_config_names_the_problem(tmp_path: Path, content: str, needle: str) -> None:
-    from gpumon.webconfig import WebConfigError, load_web_config
+    from gpumon.serve.webconfig import WebConfigError, load_web_config
 
     path = tmp_path / "web.yml"
     path.write_text(content)
@@ -466,7 +467,7 @@ def test_logs_carry_syslog_priorities_under_journald(tmp_path: Path) -> None:
 def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_recover(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gpumon.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml import NvmlSource
 
     from .test_nvml_source import FakePynvml
 
@@ -476,7 +477,7 @@ def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_rec
     problems = Problems(logging.getLogger("gpumon.test-problems"))
     nvml = NvmlSource(fake, problems)
     nvml.open()
-    sources = OpenedSources(gpu=nvml, host=None, description={"kind": "nvml"})
+    sources = OpenedSources(gpu=nvml, host=None, description=SourceDescription.nvml())
     daemon = Daemon(cfg, clock=clock, sources=sources, problems=problems)
     sampler = daemon.pipeline.sampler
 
@@ -530,8 +531,8 @@ def test_sighup_during_startup_is_a_reload_not_a_death(tmp_path: Path) -> None:
 
 def test_a_sampler_that_dies_ends_the_process_with_a_failure(tmp_path: Path) -> None:
     code = textwrap.dedent("""
-        from gpumon.config import Config
-        from gpumon.daemon import Daemon, run_forever
+        from gpumon.config.settings import Config
+        from gpumon.serve.daemon import Daemon, run_forever
         d = Daemon(Config(simulate="healthy", listen="127.0.0.1:0"))
         calls = [0]
         def bug(tick, verdicts):

@@ -7,14 +7,14 @@ import statistics
 
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.errors import UsageError
+from gpumon.collect.sources.host import HostSource
+from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.core.clock import VirtualClock
+from gpumon.core.errors import UsageError
 from gpumon.sim.fakehost import FakeHost
 from gpumon.sim.fakenvml import FakeNvml
 from gpumon.sim.fleet import BUFFER_SAMPLES, Fleet
 from gpumon.sim.scenarios import SCENARIOS, SWITCH_S, parse_scenarios
-from gpumon.sources.host import HostSource
-from gpumon.sources.nvml import NvmlSource
 
 
 def run_fleet(names: str, seconds: int, period: float = 1 / 6, seed: int = 3, gpus: int | None = None):

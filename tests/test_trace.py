@@ -7,17 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.clock import VirtualClock
-from gpumon.errors import OutputError, TraceError
-from gpumon.sampler import Sampler
+from gpumon.collect.sampler import Sampler
+from gpumon.collect.sources.host import HostSource
+from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.collect.sources.replay import ReplayHost, ReplaySource
+from gpumon.core.clock import VirtualClock
+from gpumon.core.errors import OutputError, TraceError
 from gpumon.sim.fakehost import FakeHost
 from gpumon.sim.fakenvml import FakeNvml
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import parse_scenarios
-from gpumon.sources.host import HostSource
-from gpumon.sources.nvml import NvmlSource
-from gpumon.sources.replay import ReplayHost, ReplaySource
-from gpumon.trace import TraceWriter, make_header, read_trace, tick_to_dict
+from gpumon.trace.reader import read_trace
+from gpumon.trace.records import make_header, tick_to_dict
+from gpumon.trace.writer import TraceWriter
 
 
 def record(path: Path, seconds: int = 20, scenarios: str = "starved-io,healthy,idle") -> list[dict]:

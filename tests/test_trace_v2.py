@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.errors import TraceError
-from gpumon.trace import read_trace, tick_to_dict
+from gpumon.core.errors import TraceError
+from gpumon.trace.reader import read_trace
+from gpumon.trace.records import tick_to_dict
 
 from .conftest import ROOT, gpumon
 

@@ -7,11 +7,8 @@ start-up is a reload, not a death) before the rest of gpumon is even imported.
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Sequence
-
-_DAEMON_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -31,8 +28,10 @@ def command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if argv is None and command_of(args) == "serve":
-        # The daemon takes these with sigwait (gpumon.daemon.run_forever); threads inherit it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _DAEMON_SIGNALS)
+        # The daemon takes these with sigwait (gpumon.serve.daemon.run_forever); threads inherit it.
+        from gpumon.serve.signals import block_signals
+
+        block_signals()
     from gpumon.cli.app import main as run
 
     return run(args)

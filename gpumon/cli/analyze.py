@@ -8,7 +8,7 @@ import os
 import sys
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_OK, UsageError
+from gpumon.core.errors import EXIT_OK, UsageError
 
 
 def add_parser(
@@ -67,7 +67,14 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.analysis import analyze, analyze_range, compare_truth, read_truth, render_text, to_json
+    from gpumon.analyze.trace_report import (
+        analyze,
+        analyze_range,
+        compare_truth,
+        read_truth,
+        render_text,
+        to_json,
+    )
 
     th = flags.thresholds(args)
     if (args.trace is None) == (args.directory is None):
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--plot and --truth take one TRACE file (`gpumon trace convert` can cut one)")
     windows = read_truth(args.truth) if args.truth else None  # a bad file fails before the work
     if args.plot:
-        from gpumon.plot import require_matplotlib
+        from gpumon.analyze.plot import require_matplotlib
 
         require_matplotlib()
     if args.directory is not None:
@@ -93,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = analyze(args.trace, th)
     if args.plot:
-        from gpumon.plot import plot
+        from gpumon.analyze.plot import plot
 
         plot(result, args.plot)
     truth = compare_truth(result, windows) if windows is not None else None

@@ -28,7 +28,7 @@ from gpumon.cli import (
     trace_cmd,
     watch,
 )
-from gpumon.errors import (
+from gpumon.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_INTERNAL, EXIT_OK, MissingDependency, UsageError
+from gpumon.core.errors import EXIT_INTERNAL, EXIT_OK, MissingDependency, UsageError
 
 T = TypeVar("T")
 

@@ -1,11 +1,123 @@
-"""`gpumon demo`: the product end to end without a GPU: a real Keras job, fed then starved."""
+"""`gpumon demo`: the product end to end on a machine without a GPU.
+
+It serves the exporter on one simulated GPU driven by a real Keras job (gpumon bench), runs a fed
+phase and then a CPU-starved one, prints the live verdicts, and ends with the episodes, the
+agreement with the job's own ground truth, the /metrics URL it served, and a plot.
+The GPU is simulated and every line says so; the job, its processes and their CPU are real.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from gpumon.cli import flags
+from gpumon.core.errors import MissingDependency
+
+
+def _check_bench() -> None:
+    import importlib.util
+
+    missing = [m for m in ("keras", "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingDependency(
+            f"gpumon demo runs a Keras job and needs {', '.join(missing)}: pip install "
+            "'gpumon-datastall[bench]' torch==2.13.0 (./scripts/run.sh does this)"
+        )
+
+
+def run_demo(phase_s: float, listen: str, out: Path) -> int:
+    _check_bench()
+    # what the demo runs, loaded when it runs (as every command's: `gpumon --help` loads none)
+    from gpumon.config.settings import Config
+    from gpumon.core.clock import MonotonicClock, SinceStart
+    from gpumon.serve.daemon import Daemon
+    from gpumon.trace.records import make_header
+    from gpumon.trace.writer import TraceWriter
+
+    out.mkdir(parents=True, exist_ok=True)
+    drive, truth, trace = out / "drive.txt", out / "truth.jsonl", out / "trace.jsonl"
+    for f in (drive, truth):
+        f.unlink(missing_ok=True)
+    drive.touch()  # the daemon waits on it; the job appends its steps
+    daemon = Daemon(Config(drive=str(drive), listen=listen), clock=SinceStart(MonotonicClock()))
+    writer = TraceWriter(str(trace), make_header(daemon.pipeline.description.to_json(), 1.0), force=True)
+    daemon.pipeline.on_tick(writer.write_tick)
+    port = daemon.start()
+    url = f"http://{listen.rpartition(':')[0] or '127.0.0.1'}:{port}"
+    daemon.wait_ready(30)
+    print(
+        f"gpumon demo: a real Keras training job on a SIMULATED GPU (no GPU here): the GPU is busy\n"
+        f"exactly while the job's train steps run; the job's processes and CPU are read for real.\n"
+        f"Metrics: {url}/metrics   state: {url}/api/v1/state\n",
+        flush=True,
+    )
+    try:
+        for pipeline, story in (
+            ("fed", "fed: loader workers keep up"),
+            ("starved-cpu", "starved: heavy Python augmentation in one loader process"),
+        ):
+            print(f"== phase {pipeline} ({phase_s:.0f} s): {story}", flush=True)
+            job = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpumon",
+                    "bench",
+                    "--pipeline",
+                    pipeline,
+                    "--duration",
+                    str(phase_s),
+                    "--drive",
+                    str(drive),
+                    "--truth",
+                    str(truth),
+                    "--quiet",
+                ],
+                env=dict(os.environ),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            started = time.monotonic()
+            while job.poll() is None:
+                time.sleep(min(3.0, max(0.1, phase_s)))
+                for v in daemon.detector.latest:
+                    ev = v.evidence
+                    duty = f"{ev.duty_cycle:4.0%}" if ev.duty_cycle is not None else "   -"
+                    cpu = f"{ev.busiest_job_core:4.0%}" if ev.busiest_job_core is not None else "   -"
+                    state = v.label.upper() if v.state == "starved" else v.label
+                    print(
+                        f"  {time.monotonic() - started:5.0f} s  GPU {v.index} (simulated)  duty {duty}  "
+                        f"busiest job process {cpu} of a core  ->  {state:<14} {v.confidence:.2f}",
+                        flush=True,
+                    )
+            if job.returncode != 0:
+                err = job.stderr.read() if job.stderr else ""
+                print(f"gpumon demo: the {pipeline} job failed: {err[-500:]}", file=sys.stderr)
+                return 1
+    finally:
+        daemon.stop()
+        writer.close(daemon.sampler.last_tick.t_s if daemon.sampler.last_tick else None, "duration")
+    from gpumon.analyze.trace_report import analyze, compare_truth, render_text
+
+    result = analyze(str(trace))
+    print("\n" + render_text(result))
+    print(compare_truth(result, str(truth)).render(str(truth)))
+    png = out / "demo.png"
+    try:
+        from gpumon.analyze.plot import plot
+
+        plot(result, str(png))
+        print(f"plot: {png}")
+    except MissingDependency as e:
+        print(f"no plot: {e}")
+    print(f"served {url}/metrics while it ran (stopped now); trace: {trace}")
+    return 0
 
 
 def add_parser(
@@ -40,6 +152,4 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.demo import run_demo
-
     return run_demo(args.phase_seconds, args.listen, Path(args.out))

@@ -7,10 +7,10 @@ import json
 import sys
 
 from gpumon.cli import flags
-from gpumon.clock import MonotonicClock
-from gpumon.errors import EXIT_OK
-from gpumon.model import GpuSample, clock_reasons
-from gpumon.pipeline import Pipeline, describe_source, is_simulated
+from gpumon.collect.pipeline import Pipeline
+from gpumon.core.clock import MonotonicClock
+from gpumon.core.errors import EXIT_OK
+from gpumon.core.model import GpuSample, clock_reasons
 
 
 def add_parser(
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         for g in gpus
     ]
     if args.json:
-        json.dump({"source": description, "gpus": rows}, sys.stdout, indent=2)
+        json.dump({"source": description.to_json(), "gpus": rows}, sys.stdout, indent=2)
         print()
         return EXIT_OK
     if not rows:
@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         mem = f"{_gib(g.mem_used_bytes)} / {_gib(g.mem_total_bytes)} GiB"
         print(f"{gpu:>5}  {g.name:<36} {g.uuid:<40} {mem:>19} {_util(g):>5} {_sm(g):>5}")
-    if is_simulated(description):
-        print(f"({describe_source(description)})")
+    if description.simulated_gpus:
+        print(f"({description.phrase()})")
     return EXIT_OK
 
 

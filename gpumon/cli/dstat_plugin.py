@@ -2,7 +2,7 @@
 
 The original dstat 0.7.4 (Debian 12, Ubuntu 22.04) and dool load a Python plugin file; pcp-dstat
 (Ubuntu 24.04, Fedora, RHEL, and any host with PCP) reads an INI plugin over PCP metrics, fed from
-gpumon serve by PCP's openmetrics PMDA (gpumon.dstat_pcp)."""
+gpumon serve by PCP's openmetrics PMDA (gpumon.dstat.pcp)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import os
 import shutil
 
-from gpumon.errors import EXIT_OK, UsageError
+from gpumon.core.errors import EXIT_OK, UsageError
 
 
 def add_parser(
@@ -58,7 +58,8 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon import dstat_install, dstat_pcp
+    from gpumon.dstat import install as dstat_install
+    from gpumon.dstat import pcp as dstat_pcp
 
     flavour = args.flavour
     if flavour == "auto":
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pcp(args: argparse.Namespace) -> int:
-    from gpumon import dstat_install, dstat_pcp
+    from gpumon.dstat import install as dstat_install
+    from gpumon.dstat import pcp as dstat_pcp
 
     if args.action == "install":
         url = args.url or os.environ.get("GPUMON_URL") or "http://127.0.0.1:9877"

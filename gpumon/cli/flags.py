@@ -1,5 +1,5 @@
 """The flags several commands share, built from the one definition of each setting
-(gpumon.config): the same types, ranges and messages as the TOML file and the environment."""
+(gpumon.config.settings): the same types, ranges and messages as the TOML file and the environment."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from gpumon.clock import Clock, MonotonicClock, ScaledClock, VirtualClock
-from gpumon.config import (
+from gpumon.collect.pipeline import AttributionSpec, Pipeline, SourceSpec
+from gpumon.config import sources as config_sources
+from gpumon.config.settings import (
     LOG_LEVELS,
     SETTINGS,
     CombinationError,
@@ -24,9 +25,10 @@ from gpumon.config import (
     make_thresholds,
     parse_threshold,
 )
-from gpumon.detector.config import Thresholds
-from gpumon.errors import UsageError
-from gpumon.pipeline import AttributionSpec, Pipeline, SourceSpec
+from gpumon.core import timepoints
+from gpumon.core.clock import Clock, MonotonicClock, ScaledClock, VirtualClock
+from gpumon.core.errors import UsageError
+from gpumon.detect.thresholds import Thresholds
 
 SOURCE_KEYS = ("simulate", "replay", "drive", "gpus", "seed", "sample_period_s")
 
@@ -179,10 +181,11 @@ def source_spec(args: argparse.Namespace) -> SourceSpec:
     """The source flags, checked together as the serve configuration is."""
     values = {k: getattr(args, k) for k in SOURCE_KEYS if getattr(args, k, None) is not None}
     try:
-        check_sources(Config(**values), name=_flag_name)
+        cfg = Config(**values)
+        check_sources(cfg, name=_flag_name)
     except CombinationError as e:
         raise UsageError(str(e)) from None
-    return SourceSpec.from_settings(**values)
+    return config_sources.source_spec(cfg)
 
 
 def clock_for(args: argparse.Namespace, spec: SourceSpec) -> Clock:
@@ -245,39 +248,28 @@ class _RaiseOnSignals:
             signal.signal(s, h)
 
 
-_AGO = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def time_point(text: str) -> float:
-    """A point in time, as Unix seconds: ISO 8601 (`2026-11-30T02:00`, a zone or local time), or
-    how long ago (`90s`, `30m`, `2h`, `1d`)."""
-    import datetime
-    import time as time_mod
-
-    t = text.strip()
-    if t and t[-1] in _AGO and t[:-1].replace(".", "", 1).isdigit():
-        ago = float(t[:-1]) * _AGO[t[-1]]
-        if ago > 3650 * 86400:
-            raise argparse.ArgumentTypeError(f"more than ten years ago: {text!r}")
-        return time_mod.time() - ago
+    """An argparse type: a point in time (gpumon.core.timepoints), its message on a bad one."""
     try:
-        when = datetime.datetime.fromisoformat(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time: {text!r} (ISO 8601 such as 2026-11-30T02:00, or ago such as 30m, 2h, 1d)"
-        ) from None
-    return when.timestamp()
+        return timepoints.time_point(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def attribution() -> AttributionSpec:
     """Where commands other than `serve` read which job holds which GPU: the serve settings'
-    defaults, and the same variables (GPUMON_JOBS_DIR, GPUMON_DCGM_JOB_MAPPING_DIR)."""
+    defaults, and the same variables (GPUMON_JOBS_DIR, GPUMON_DCGM_JOB_MAPPING_DIR); never the
+    kubelet (only the daemon keeps a connection to it)."""
     import os
 
-    return AttributionSpec(
-        os.environ.get("GPUMON_JOBS_DIR") or str(SETTINGS["jobs_dir"].default),
-        os.environ.get("GPUMON_DCGM_JOB_MAPPING_DIR") or None,
+    cfg = Config(
+        jobs_dir=os.environ.get("GPUMON_JOBS_DIR") or str(SETTINGS["jobs_dir"].default),
+        dcgm_job_mapping_dir=os.environ.get("GPUMON_DCGM_JOB_MAPPING_DIR") or None,
+        kubernetes="off",
     )
+    spec = config_sources.attribution_spec(cfg)
+    assert spec is not None  # job_attribution is on by default
+    return spec
 
 
 def add_trace_format(p: argparse.ArgumentParser) -> None:

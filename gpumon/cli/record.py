@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from gpumon.cli import flags
-from gpumon.clock import SinceStart
-from gpumon.errors import EXIT_INTERRUPTED, EXIT_OK
-from gpumon.pipeline import Pipeline, describe_source
+from gpumon.collect.pipeline import Pipeline
+from gpumon.core.clock import SinceStart
+from gpumon.core.errors import EXIT_INTERRUPTED, EXIT_OK
 
 
 def add_parser(
@@ -25,7 +25,8 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.trace import make_header, open_writer, version_for
+    from gpumon.trace.records import make_header
+    from gpumon.trace.writer import open_writer, version_for
 
     spec = flags.source_spec(args)
     clock = SinceStart(flags.clock_for(args, spec))
@@ -33,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         version = version_for(args.output, args.trace_format)
         writer = open_writer(
-            args.output, make_header(pipeline.description, args.interval_s), version, force=args.force
+            args.output,
+            make_header(pipeline.description.to_json(), args.interval_s),
+            version,
+            force=args.force,
         )
     except BaseException:
         pipeline.close()
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline.on_tick(writer.write_tick)
     until = f"for {args.duration:g} s" if args.duration else "until interrupted (Ctrl-C)"
     print(
-        f"gpumon: recording {describe_source(pipeline.description)} every {args.interval_s:g} s {until} "
+        f"gpumon: recording {pipeline.description.phrase()} every {args.interval_s:g} s {until} "
         f"to {args.output} (trace format {version})",
         file=sys.stderr,
     )

@@ -8,7 +8,7 @@ import sys
 import time
 
 from gpumon.cli import flags
-from gpumon.errors import EXIT_OK, UsageError
+from gpumon.core.errors import EXIT_OK, UsageError
 
 
 def add_parser(
@@ -39,7 +39,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon import report
+    from gpumon.analyze import job_report as report
 
     until = args.until if args.until is not None else time.time()
     if args.since is not None and args.since >= until:

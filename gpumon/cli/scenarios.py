@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpumon.errors import EXIT_OK
+from gpumon.core.errors import EXIT_OK
 
 
 def add_parser(

@@ -1,5 +1,5 @@
 """`gpumon serve`: the Prometheus exporter daemon. Its settings come from the file, the
-environment and these flags (gpumon.config); `--check-config` runs every check the start runs."""
+environment and these flags (gpumon.config.settings); `--check-config` runs every check the start runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import argparse
 import logging
 import os
 
-from gpumon import config as config_mod
 from gpumon.cli import flags
-from gpumon.config import SETTINGS, Config, ConfigError
-from gpumon.errors import EXIT_OK, GpumonError
-from gpumon.pipeline import describe_source
+from gpumon.collect.pipeline.spec import SourceDescription
+from gpumon.config import settings as config_mod
+from gpumon.config.settings import SETTINGS, Config, ConfigError
+from gpumon.core.errors import EXIT_OK, GpumonError
 
 FLAG_KEYS = ("listen", "interval_s", "web_config_file", "record_dir", *flags.SOURCE_KEYS, "log_level")
 
@@ -47,19 +47,19 @@ def load(args: argparse.Namespace) -> Config:
     return config_mod.load(args.config, dict(os.environ), given)
 
 
-def check(cfg: Config) -> dict[str, object]:
+def check(cfg: Config) -> SourceDescription:
     """What the start would refuse, short of binding the port and reading NVML (a daemon waits
     for a missing driver): the web config with its TLS files, and a replay or drive source."""
-    from gpumon.clock import VirtualClock
-    from gpumon.daemon import source_spec
-    from gpumon.pipeline import open_sources
-    from gpumon.problems import Problems
-    from gpumon.webconfig import load_web_config
+    from gpumon.collect.pipeline import open_sources
+    from gpumon.config.sources import source_spec
+    from gpumon.core.clock import VirtualClock
+    from gpumon.core.problems import Problems
+    from gpumon.serve.webconfig import load_web_config
 
     load_web_config(cfg.web_config_file)
     spec = source_spec(cfg)
     if spec.real_gpus:
-        return {"kind": "nvml"}
+        return SourceDescription.nvml()
     try:
         opened = open_sources(spec, VirtualClock(), Problems(logging.getLogger("gpumon.check")))
         opened.close()
@@ -70,7 +70,7 @@ def check(cfg: Config) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.daemon import Daemon, run_forever
+    from gpumon.serve.daemon import Daemon, run_forever
 
     cfg = load(args)
     if args.check_config:
@@ -78,11 +78,11 @@ def run(args: argparse.Namespace) -> int:
         host, port = cfg.host_port
         print(
             f"gpumon serve: configuration ok ({cfg.source_path or 'no file, defaults'}): "
-            f"listen {host or '*'}:{port}, interval {cfg.interval_s:g} s, {describe_source(description)}"
+            f"listen {host or '*'}:{port}, interval {cfg.interval_s:g} s, {description.phrase()}"
         )
         return EXIT_OK
     logging.getLogger().setLevel(cfg.log_level.upper())
-    from gpumon.daemon import source_spec
+    from gpumon.config.sources import source_spec
 
     clock = flags.clock_for(args, source_spec(cfg))  # --speed: simulated or replayed GPUs only
     return run_forever(Daemon(cfg, reload=lambda: load(args), clock=clock, duration_s=args.duration))

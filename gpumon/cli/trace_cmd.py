@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from gpumon.errors import EXIT_OK, OutputError
+from gpumon.core.errors import EXIT_OK, OutputError
 
 
 def add_parser(
@@ -29,8 +29,9 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.model import Tick
-    from gpumon.trace import iter_trace, open_writer, version_for
+    from gpumon.core.model import Tick
+    from gpumon.trace.reader import iter_trace
+    from gpumon.trace.writer import open_writer, version_for
 
     if (
         os.path.exists(args.output)

@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from gpumon.cli import flags
-from gpumon.clock import SinceStart
-from gpumon.detector.tracker import Verdict
-from gpumon.errors import EXIT_OK
-from gpumon.model import Tick
-from gpumon.pipeline import Pipeline, describe_source
+from gpumon.collect.pipeline import Pipeline
+from gpumon.core.clock import SinceStart
+from gpumon.core.errors import EXIT_OK
+from gpumon.core.model import Tick
+from gpumon.detect.tracker import Verdict
 
 _COLORS = {
     "healthy": "32",
@@ -50,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
     writer = None
     try:
         if args.output:
-            from gpumon.trace import make_header, open_writer, version_for
+            from gpumon.trace.records import make_header
+            from gpumon.trace.writer import open_writer, version_for
 
             writer = open_writer(
                 args.output,
-                make_header(pipeline.description, args.interval_s),
+                make_header(pipeline.description.to_json(), args.interval_s),
                 version_for(args.output, args.trace_format),
                 force=args.force,
             )
@@ -64,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     color = sys.stdout.isatty() and not args.no_color
     print(
-        f"gpumon watch: {describe_source(pipeline.description)}, every {args.interval_s:g} s "
-        "(Ctrl-C to stop)",
+        f"gpumon watch: {pipeline.description.phrase()}, every {args.interval_s:g} s (Ctrl-C to stop)",
         flush=True,
     )
     print(

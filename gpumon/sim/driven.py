@@ -35,7 +35,7 @@ import bisect
 import os
 import re
 
-from gpumon.clock import Clock
+from gpumon.core.clock import Clock
 from gpumon.sim.fleet import Fleet, GpuModel, SimGpu
 from gpumon.sim.scenarios import Phase, Scenario
 

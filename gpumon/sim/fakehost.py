@@ -205,7 +205,7 @@ class FakeProcess:
 
 
 class FakeProcFs:
-    """gpumon.sources.host.ProcFs over the simulated host: run-queue and block I/O waits as the
+    """gpumon.collect.sources.host.ProcFs over the simulated host: run-queue and block I/O waits as the
     scenario's phase sets them (the simulated kernel counts block I/O delay)."""
 
     def __init__(self, host: FakeHost) -> None:

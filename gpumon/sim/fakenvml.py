@@ -1,6 +1,6 @@
 """A pynvml look-alike over a simulated fleet, so simulated GPUs take the real NVML code path.
 
-Only what `gpumon.sources.nvml` calls is here, with pynvml's names, return shapes, units (mW,
+Only what `gpumon.collect.sources.nvml` calls is here, with pynvml's names, return shapes, units (mW,
 KB/s, percent, µs timestamps) and error codes. Faults can be injected for tests: a GPU lost for a
 while, functions that report NOT_SUPPORTED, a driver that is not there.
 """
@@ -61,7 +61,7 @@ class _GpmSample:
 
 
 class _MetricsGet:
-    """pynvml's c_nvmlGpmMetricsGet_t as gpumon.sources.gpm fills and reads it."""
+    """pynvml's c_nvmlGpmMetricsGet_t as gpumon.collect.sources.gpm fills and reads it."""
 
     def __init__(self) -> None:
         self.version = 0

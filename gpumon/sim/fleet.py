@@ -16,8 +16,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from gpumon.clock import Clock
-from gpumon.errors import UsageError
+from gpumon.core.clock import Clock
+from gpumon.core.errors import UsageError
 from gpumon.sim.scenarios import Phase, Scenario
 
 GIB = 1024**3

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpumon.errors import UsageError
+from gpumon.core.errors import UsageError
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpumon.corpus import Case, record
+from gpumon.analyze.corpus import Case, record
 from gpumon.sim.scenarios import parse_scenarios
 from tests.fakenvml.timeline import config_from_trace
 

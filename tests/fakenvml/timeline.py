@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpumon.trace import read_trace
+from gpumon.trace.reader import read_trace
 
 
 def config_from_trace(

@@ -1,1 +1,0 @@
-"""The dstat/dool plugin, shipped as package data: `gpumon dstat-plugin install` copies it."""

@@ -1,0 +1,326 @@
+"""`gpumon report --job ID`: one job's verdicts, gathered from where gpumon keeps them.
+
+Two ways in:
+- the daemons' state APIs (`--url`, default the local one): each GPU the job holds, its recent
+  episodes since the job began (the prolog wrote when), time by state, waste, the suggestion;
+- a Prometheus server (`--prometheus`) over a time range: every node of a multi-node job at once,
+  time by state per GPU from `gpumon_gpu_state`, waste from `gpumon_gpu_wasted_seconds_total`, both
+  joined to `gpumon_gpu_job_info`.
+
+Either way the job as a whole gets a verdict, and the straggler is named: the GPU(s) starved while
+most of the job's other GPUs sit in sync-stall, waiting in a collective for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.core.errors import EXIT_UNREACHABLE, GpumonError
+
+SUGGESTIONS_STRAGGLER = (
+    "the whole job waits for this rank: feed its input pipeline (more loader workers on that node, "
+    "a faster local copy of its shard), or balance the input across ranks"
+)
+STEP_S = 15.0
+"""Prometheus query resolution: a state counts in steps this long."""
+
+
+class ReportError(GpumonError):
+    """A daemon or Prometheus that cannot be read, or a job they do not know."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+@dataclass
+class GpuJobReport:
+    node: str
+    index: int
+    uuid: str
+    seconds_by_label: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    wasted_gpu_s: float = 0.0
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    now: str | None = None
+
+    @property
+    def main_label(self) -> str:
+        known = {k: v for k, v in self.seconds_by_label.items() if k != "unknown" and v > 0}
+        pool = known or dict(self.seconds_by_label)
+        return max(pool, key=lambda k: pool[k]) if pool else "unknown"
+
+
+@dataclass
+class JobReport:
+    job_id: str
+    user: str | None
+    scheduler: str
+    source: str
+    since_unix_s: float | None
+    until_unix_s: float | None
+    gpus: list[GpuJobReport]
+    stragglers: list[tuple[GpuJobReport, str]] = field(default_factory=list)
+
+    @property
+    def wasted_gpu_s(self) -> float:
+        return sum(g.wasted_gpu_s for g in self.gpus)
+
+
+def find_stragglers(labels: dict[tuple[str, int], str]) -> list[tuple[tuple[str, int], str]]:
+    """GPUs starved while most of the job's other GPUs sit in sync-stall: the ranks the job waits
+    for. All ranks starved (a slow shared filesystem, say) is not a straggler: nobody waits."""
+    starved = [(k, v) for k, v in labels.items() if v.startswith("starved")]
+    if not starved:
+        return []
+    others = [v for k, v in labels.items() if not v.startswith("starved")]
+    if not others:
+        return []
+    syncing = sum(v == "sync-stall" for v in others)
+    return starved if syncing > len(others) / 2 else []
+
+
+def verdict_line(rep: JobReport) -> str:
+    if not rep.gpus:
+        return "no GPU of this job was seen"
+    if rep.stragglers:
+        names = ", ".join(f"{g.node} GPU {g.index} ({label})" for g, label in rep.stragglers)
+        waiting = sum(g.main_label == "sync-stall" for g in rep.gpus)
+        return f"STRAGGLER: {names}, while {waiting} of the job's other GPUs waited in sync-stall"
+    labels = {g.main_label for g in rep.gpus}
+    starved = [g for g in rep.gpus if g.main_label.startswith("starved")]
+    if starved and len(starved) == len(rep.gpus):
+        return f"STARVED: every GPU of the job ({', '.join(sorted({g.main_label for g in starved}))})"
+    if starved:
+        return f"partly starved: {len(starved)} of {len(rep.gpus)} GPU(s)"
+    return ", ".join(sorted(labels)).upper() if labels else "unknown"
+
+
+def render(rep: JobReport) -> str:
+    from gpumon.analyze.trace_report import SUGGESTIONS
+
+    nodes = sorted({g.node for g in rep.gpus})
+    span = ""
+    if rep.since_unix_s is not None and rep.until_unix_s is not None:
+        fmt = "%Y-%m-%d %H:%M:%S"
+        span = (
+            f", {time.strftime(fmt, time.localtime(rep.since_unix_s))} - "
+            f"{time.strftime(fmt, time.localtime(rep.until_unix_s))}"
+        )
+    lines = [
+        f"gpumon report: {rep.scheduler} job {rep.job_id}"
+        + (f" (user {rep.user})" if rep.user else "")
+        + f" on {len(rep.gpus)} GPU(s) across {len(nodes)} node(s){span} (from {rep.source})",
+        f"job verdict: {verdict_line(rep)}",
+        f"wasted: {rep.wasted_gpu_s / 3600:.3f} GPU-hours ({rep.wasted_gpu_s:.0f} GPU-s)",
+    ]
+    straggling = {(g.node, g.index) for g, _ in rep.stragglers}
+    for g in sorted(rep.gpus, key=lambda g: (g.node, g.index)):
+        total = sum(g.seconds_by_label.values()) or 1.0
+        lines.append("")
+        mark = "   <- the straggler" if (g.node, g.index) in straggling else ""
+        lines.append(f"{g.node}  GPU {g.index}  {g.uuid or '?'}{mark}")
+        head = f"  verdict: {g.main_label.upper()}"
+        if g.now and g.now != g.main_label:
+            head += f" most of the time; {g.now.upper()} now"
+        lines.append(head)
+        shares = sorted(g.seconds_by_label.items(), key=lambda kv: -kv[1])
+        lines.append(
+            "  time:    " + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in shares if v > 0)
+        )
+        lines.append(f"  wasted:  {g.wasted_gpu_s / 3600:.4f} GPU-hours ({g.wasted_gpu_s:.0f} GPU-s)")
+        if g.episodes:
+            lines.append(f"  episodes ({len(g.episodes)}):")
+            for e in g.episodes[-8:]:
+                end = e.get("end_unix_s")
+                when = time.strftime("%H:%M:%S", time.localtime(e["start_unix_s"]))
+                dur = f"{end - e['start_unix_s']:.0f} s" if end is not None else "going on"
+                lines.append(
+                    f"    {when}  {e['label']:<14} ({dur}, wasted {e.get('wasted_gpu_s') or 0:.0f} GPU-s)"
+                )
+        suggestion = (
+            SUGGESTIONS_STRAGGLER if (g.node, g.index) in straggling else SUGGESTIONS.get(g.main_label)
+        )
+        if suggestion:
+            lines.append(f"  suggest: {suggestion}")
+    return "\n".join(lines)
+
+
+def to_json(rep: JobReport) -> dict[str, Any]:
+    return {
+        "schema": "gpumon-job-report/1",
+        "job_id": rep.job_id,
+        "user": rep.user,
+        "scheduler": rep.scheduler,
+        "source": rep.source,
+        "since_unix_s": rep.since_unix_s,
+        "until_unix_s": rep.until_unix_s,
+        "verdict": verdict_line(rep),
+        "wasted_gpu_s": round(rep.wasted_gpu_s, 3),
+        "stragglers": [{"node": g.node, "gpu": g.index, "label": label} for g, label in rep.stragglers],
+        "gpus": [
+            {
+                "node": g.node,
+                "gpu": g.index,
+                "uuid": g.uuid,
+                "verdict": g.main_label,
+                "now": g.now,
+                "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
+                "wasted_gpu_s": round(g.wasted_gpu_s, 3),
+                "episodes": g.episodes,
+            }
+            for g in rep.gpus
+        ],
+    }
+
+
+# -- from daemons ---------------------------------------------------------------------------------
+
+
+def _get_json(url: str, timeout_s: float = 10.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ReportError(f"{url}: cannot read: {getattr(e, 'reason', e)}") from None
+
+
+def from_daemons(job_id: str, urls: list[str], since: float | None, until: float | None) -> JobReport:
+    gpus: list[GpuJobReport] = []
+    user = None
+    scheduler = "slurm"
+    for url in urls:
+        state = _get_json(url.rstrip("/") + "/api/v1/state")
+        if not isinstance(state, dict) or not state.get("ready"):
+            raise ReportError(f"{url}: gpumon is not ready yet")
+        node = str(state.get("hostname") or urllib.parse.urlsplit(url).hostname)
+        now_unix = float(state.get("time_unix_s") or time.time())
+        for g in state.get("gpus", []):
+            mine = [j for j in g.get("jobs", []) if str(j.get("job_id")) == job_id]
+            if not mine:
+                continue
+            user = user or mine[0].get("user")
+            scheduler = mine[0].get("scheduler", scheduler)
+            gr = GpuJobReport(node, int(g["index"]), str(g.get("uuid", "")), now=g.get("label"))
+            began = mine[0].get("started_unix_s")  # when the prolog ran: earlier episodes were others'
+            lo = (
+                since
+                if since is not None
+                else (float(began) if isinstance(began, (int, float)) else -math.inf)
+            )
+            hi = until if until is not None else now_unix
+            for e in g.get("episodes", []):
+                start, end = e["start_unix_s"], e.get("end_unix_s") or now_unix
+                overlap = min(end, hi) - max(start, lo)
+                if overlap <= 0:
+                    continue
+                gr.episodes.append(e)
+                gr.seconds_by_label[e["label"]] += overlap
+                share = overlap / max(end - start, 1e-9)
+                gr.wasted_gpu_s += (e.get("wasted_gpu_s") or 0.0) * share
+            gpus.append(gr)
+    if not gpus:
+        raise ReportError(f"job {job_id}: no GPU of it is known to {', '.join(urls)}")
+    rep = JobReport(job_id, user, scheduler, ", ".join(urls), since, until, gpus)
+    _mark_stragglers(rep)
+    return rep
+
+
+def _mark_stragglers(rep: JobReport) -> None:
+    by_key = {(g.node, g.index): g for g in rep.gpus}
+    found = find_stragglers({k: g.main_label for k, g in by_key.items()})
+    rep.stragglers = [(by_key[k], label) for k, label in found]
+
+
+# -- from Prometheus ------------------------------------------------------------------------------
+
+
+def _prom(base: str, query: str, start: float, end: float, step: float = STEP_S) -> list[dict[str, Any]]:
+    params = urllib.parse.urlencode(
+        {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    )
+    doc = _get_json(f"{base.rstrip('/')}/api/v1/query_range?{params}", timeout_s=30)
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        raise ReportError(f"{base}: the query failed: {doc.get('error') if isinstance(doc, dict) else doc!r}")
+    result = doc["data"]["result"]
+    assert isinstance(result, list)
+    return result
+
+
+def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobReport:
+    sel = f'job_id="{_escape(job_id)}"'
+    info = f"gpumon_gpu_job_info{{{sel}}}"
+    states = _prom(
+        base, f"{info} * on(instance, gpu, uuid) group_left(state) (gpumon_gpu_state == 1)", since, until
+    )
+    if not states:
+        raise ReportError(f"job {job_id}: Prometheus at {base} has no GPU of it between the times asked")
+    gpus: dict[tuple[str, int], GpuJobReport] = {}
+    user = None
+    scheduler = "slurm"
+    timeline: dict[float, dict[tuple[str, int], str]] = defaultdict(dict)
+    for series in states:
+        m = series["metric"]
+        node = m.get("instance", "?")
+        key = (node, int(m.get("gpu", -1)))
+        gpus.setdefault(key, GpuJobReport(node, key[1], m.get("uuid", "")))
+        user = user or m.get("user") or None
+        scheduler = m.get("scheduler", scheduler)
+        label = m.get("state", "unknown")
+        for t, _ in series["values"]:
+            timeline[float(t)][key] = label
+    causes = _prom(
+        base,
+        f"{info} * on(instance, gpu, uuid) group_left(cause) (gpumon_gpu_starvation_cause == 1)",
+        since,
+        until,
+    )
+    cause_at: dict[tuple[float, tuple[str, int]], str] = {}
+    for series in causes:
+        m = series["metric"]
+        key = (m.get("instance", "?"), int(m.get("gpu", -1)))
+        for t, _ in series["values"]:
+            cause_at[(float(t), key)] = m.get("cause", "")
+    straggling: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for t, labels in sorted(timeline.items()):
+        full = {
+            k: (f"{v}-{cause_at[(t, k)]}" if v == "starved" and (t, k) in cause_at else v)
+            for k, v in labels.items()
+        }
+        for k, v in full.items():
+            gpus[k].seconds_by_label[v] += STEP_S
+            gpus[k].now = v
+        for k, v in find_stragglers(full):
+            straggling[k][v] += STEP_S
+    window = max(STEP_S, until - since)
+    wasted = _prom(
+        base,
+        f"{info} * on(instance, gpu, uuid) group_left "
+        f"increase(gpumon_gpu_wasted_seconds_total[{window:.0f}s])",
+        until,
+        until,
+        STEP_S,
+    )
+    for series in wasted:
+        m = series["metric"]
+        key = (m.get("instance", "?"), int(m.get("gpu", -1)))
+        if key in gpus and series["values"]:
+            gpus[key].wasted_gpu_s = float(series["values"][-1][1])
+    rep = JobReport(job_id, user, scheduler, f"Prometheus {base}", since, until, list(gpus.values()))
+    # a straggler is one for a good part of the range, not for one unlucky step
+    total = window
+    rep.stragglers = [
+        (gpus[k], max(by_label, key=lambda lb: by_label[lb]))
+        for k, by_label in straggling.items()
+        if sum(by_label.values()) >= min(120.0, total / 4)
+    ]
+    return rep
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')

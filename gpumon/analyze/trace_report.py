@@ -1,0 +1,639 @@
+"""`gpumon analyze`: run a recorded trace through the sampler and detector, and report.
+
+The trace is replayed through the same Sampler and DetectorSink as a live run, on a virtual clock
+aligned with the trace's own times, so an offline verdict is the one the daemon would have given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpumon.collect.pipeline import Pipeline, SourceSpec
+from gpumon.collect.pipeline.sources import OpenedSources, replayed
+from gpumon.collect.pipeline.spec import SourceDescription
+from gpumon.core.clock import VirtualClock
+from gpumon.core.model import Tick
+from gpumon.core.problems import Problems
+from gpumon.detect.thresholds import Thresholds
+from gpumon.detect.tracker import Episode, Verdict
+from gpumon.trace.reader import Trace, read_trace
+
+if TYPE_CHECKING:
+    from gpumon.trace.range import GpuSelection, Span
+
+SCHEMA = "gpumon-analysis/1"
+
+SUGGESTIONS = {
+    "starved-cpu": "the input pipeline is CPU-bound: preprocess in more worker processes "
+    "(Keras: PyDataset(workers=N, use_multiprocessing=True); PyTorch: "
+    "DataLoader(num_workers=N)), cache decoded samples, or move augmentation to the GPU",
+    "starved-io": "input waits on storage: copy the dataset to local SSD or page cache, read fewer "
+    "larger files (sharded records), and prefetch with more I/O threads "
+    "(PyDataset workers without multiprocessing help here)",
+    "starved-host": "the GPU waits on the host but neither CPU nor disks are saturated: look at "
+    "network or remote data sources, and host-side work between steps "
+    "(synchronous logging, .item()/.numpy() calls, checkpoints)",
+    "stalled": "a process holds the GPU but runs nothing: check for a hang "
+    "(py-spy dump --pid PID), a deadlocked data loader, or a rank waiting for a peer",
+    "sync-stall": "kernels spin at idle power: ranks wait in collectives for a straggler; compare "
+    "per-rank step times and balance the input across ranks",
+    "underutilized": "steady low use without gaps: the work is too small for the GPU; raise the "
+    "batch size (a multiple of the GPU count), use mixed precision, or share the GPU",
+    "underutilized-small-kernels": "NVML reads the GPU busy but its kernels fill few of its SMs "
+    "(GPM): raise the batch size, fuse small operations (torch.compile, XLA's jit_compile), and "
+    "cut launch overhead with CUDA graphs; or give the job a MIG slice of the GPU",
+    "idle": "no job on the GPU: release it or schedule work",
+}
+
+
+@dataclass
+class GpuReport:
+    index: int
+    uuid: str
+    name: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    episodes: list[Episode] = field(default_factory=list)
+    seconds_by_label: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    wasted_gpu_s: float = 0.0
+    jobs: dict[str, str | None] = field(default_factory=dict)
+    """job id -> user, for every job seen on the GPU in the trace."""
+    mig: int | None = None
+    """A MIG instance's GPU instance id (`index` is its parent's)."""
+
+    @property
+    def observed_s(self) -> float:
+        return sum(self.seconds_by_label.values())
+
+    @property
+    def worst_episode(self) -> Episode | None:
+        wasteful = [e for e in self.episodes if e.wasted_gpu_s > 0]
+        return max(wasteful, key=lambda e: e.wasted_gpu_s, default=None)
+
+    @property
+    def main_label(self) -> str:
+        """The label with the most time, ignoring `unknown` when anything else was seen."""
+        known = {k: v for k, v in self.seconds_by_label.items() if k != "unknown" and v > 0}
+        pool = known or dict(self.seconds_by_label)
+        return max(pool, key=lambda k: pool[k]) if pool else "unknown"
+
+    @property
+    def final_label(self) -> str | None:
+        """The last known state, when it differs from the main one (a change late in the trace)."""
+        now = next((e for e in reversed(self.episodes) if e.state != "unknown"), None)
+        return now.label if now is not None and now.label != self.main_label else None
+
+    @property
+    def suggestion(self) -> str | None:
+        worst = self.worst_episode
+        label = worst.label if worst else self.main_label
+        return SUGGESTIONS.get(label)
+
+
+@dataclass
+class Analysis:
+    path: str
+    """The trace file, or the recorder's directory for a range."""
+    header: dict[str, Any]
+    thresholds: Thresholds
+    gpus: list[GpuReport]
+    host: list[tuple[float, float, float | None, float]]
+    """(t_s, cpu_ratio, iowait_ratio, busiest_core_ratio) per tick with a host sample (a single
+    trace only: a range keeps no per-tick data)."""
+    duration_s: float
+    end_s: float
+    warnings: list[str]
+    trace: Trace | None = None
+    """The whole trace, when one file was analyzed (for --plot)."""
+    span: Span | None = None
+    """What a range read (`analyze --from`): times are then seconds since span.origin_unix_s."""
+
+    @property
+    def wasted_gpu_s(self) -> float:
+        return sum(g.wasted_gpu_s for g in self.gpus)
+
+    def unix(self, t_s: float) -> float | None:
+        """Wall-clock time of a time in this analysis, where known."""
+        if self.span is not None:
+            return self.span.origin_unix_s + t_s
+        started = self.header.get("started_unix_s")
+        return started + t_s if isinstance(started, (int, float)) else None
+
+
+def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysis:
+    """One trace file, read whole (its verdicts per tick kept, for --json, --plot and --truth)."""
+    th = thresholds or Thresholds()
+    if isinstance(trace, str):
+        trace = read_trace(trace)
+    opened = replayed(trace)
+    t0 = trace.ticks[0].t_s if trace.ticks else 0.0
+    reports, host, end = _run(opened, t0, trace.path, trace.header, th, keep_ticks=True)
+    return Analysis(
+        path=trace.path,
+        header=trace.header,
+        thresholds=th,
+        gpus=reports,
+        host=host,
+        duration_s=trace.duration_s,
+        end_s=end,
+        warnings=trace.warnings,
+        trace=trace,
+    )
+
+
+MAX_RANGE_S = 366 * 86400.0
+
+
+def analyze_range(
+    directory: str,
+    since_unix_s: float,
+    until_unix_s: float,
+    gpus: frozenset[int] | None = None,
+    thresholds: Thresholds | None = None,
+    jobs: int = 1,
+) -> Analysis:
+    """A recorder's segments between two wall-clock times, streamed: memory stays bounded however
+    long the range (no per-tick verdicts are kept; episodes and totals are). With `jobs` > 1 the
+    GPUs are shared among that many processes (by index), each reading the range for its own."""
+    import os
+
+    from gpumon.core.errors import TraceError
+    from gpumon.trace.range import GpuSelection
+
+    th = thresholds or Thresholds()
+    if not os.path.isdir(directory):
+        raise TraceError(directory, None, "no such directory (the recorder's record_dir)")
+    if until_unix_s <= since_unix_s:
+        raise TraceError(directory, None, "the range is empty: --until must be after --since")
+    if jobs <= 1:
+        whole = _analyze_share(directory, since_unix_s, until_unix_s, GpuSelection(gpus), th)
+        assert whole is not None  # not quiet: it raised instead
+        return whole
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpumon.trace.range import read_range
+
+    _, ticks = read_range(directory, since_unix_s, until_unix_s)
+    if next(ticks, None) is None:  # said here, once, before any worker starts
+        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+    ticks.close()  # type: ignore[attr-defined]
+    shares = [GpuSelection(gpus, jobs, k) for k in range(jobs)]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [
+            pool.submit(_analyze_share, directory, since_unix_s, until_unix_s, s, th, True) for s in shares
+        ]
+        parts = [f.result() for f in futures]
+    found = [p for p in parts if p is not None]
+    if not found:
+        return analyze_range(directory, since_unix_s, until_unix_s, gpus, th)  # it says why
+    first = found[0]
+    first.gpus = sorted((g for p in found for g in p.gpus), key=lambda r: (r.index, r.uuid))
+    first.warnings = list(dict.fromkeys(w for p in found for w in p.warnings))
+    first.duration_s = max(p.duration_s for p in found)
+    first.end_s = max(p.end_s for p in found)
+    return first
+
+
+def _analyze_share(
+    directory: str,
+    since_unix_s: float,
+    until_unix_s: float,
+    gpus: GpuSelection,
+    th: Thresholds,
+    quiet: bool = False,
+) -> Analysis | None:
+    """One process's share of a range: None (with `quiet`) when it holds none of its GPUs."""
+    import itertools
+
+    from gpumon.collect.sources.replay import ReplayHost, ReplaySource
+    from gpumon.core.errors import TraceError
+    from gpumon.trace.range import read_range
+
+    span, ticks = read_range(directory, since_unix_s, until_unix_s, gpus)
+    first = next(ticks, None)
+    if first is None or span.header is None:
+        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+    interval = span.header.get("interval_s")
+    replay = ReplaySource(
+        ticks=itertools.chain([first], ticks),
+        interval_s=float(interval) if isinstance(interval, (int, float)) else None,
+    )
+    opened = OpenedSources(
+        gpu=replay,
+        host=ReplayHost(replay),
+        description=SourceDescription.replay(directory, span.header.get("source")),
+        exhausted=lambda: replay.exhausted,
+        next_data=replay.next_data_s,
+    )
+    reports, _, end = _run(opened, first.t_s, directory, span.header, th, keep_ticks=False)
+    if not reports:
+        if quiet:
+            return None
+        asked = ", ".join(map(str, sorted(gpus.indices or ())))
+        raise TraceError(directory, None, f"no GPU {asked} in the range" if asked else "no GPU in the range")
+    first_s = (span.first_unix_s or since_unix_s) - span.origin_unix_s
+    return Analysis(
+        path=directory,
+        header=span.header,
+        thresholds=th,
+        gpus=reports,
+        host=[],
+        duration_s=end - first_s,
+        end_s=end,
+        warnings=span.warnings,
+        span=span,
+    )
+
+
+def _nothing_between(directory: str, since: float, until: float) -> str:
+    from gpumon.trace.segments import list_segments
+
+    segments = list_segments(directory)
+    asked = f"no samples between {_iso(since)} and {_iso(until)}"
+    if not segments:
+        return f"{asked}: no recorder segments here (gpumon-*.jsonl.gz)"
+    return (
+        f"{asked}: the recording here spans {_iso(segments[0].start_unix_s)} to about now or its last segment"
+    )
+
+
+def _iso(unix_s: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
+
+
+def _run(
+    opened: OpenedSources,
+    t0: float,
+    path: str,
+    header: dict[str, Any],
+    th: Thresholds,
+    *,
+    keep_ticks: bool,
+) -> tuple[list[GpuReport], list[tuple[float, float, float | None, float]], float]:
+    """The replay through the same pipeline as a live run; per-GPU reports, host (when kept) and
+    the time of the last tick."""
+    interval = header.get("interval_s")
+    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
+    pipeline = Pipeline(
+        SourceSpec("replay", file=path),
+        clock,
+        interval_s=interval,
+        thresholds=th,
+        sources=opened,
+        problems=Problems(logging.getLogger("gpumon.analyze")),
+    )
+    reports: dict[tuple[int, str], GpuReport] = {}
+    host: list[tuple[float, float, float | None, float]] = []
+    last_t: dict[tuple[int, str], float] = {}
+    end = [t0]
+
+    def collect(tick: Tick, verdicts: list[Verdict]) -> None:
+        end[0] = tick.t_s
+        if keep_ticks and tick.host is not None:
+            h = tick.host
+            host.append((tick.t_s, h.cpu_ratio, h.iowait_ratio, h.busiest_core_ratio))
+        jobs_of = {(g.index, g.uuid): g.jobs for g in tick.gpus if g.jobs}
+        for v in verdicts:
+            key = (v.index, v.uuid)
+            rep = reports.get(key)
+            if rep is None:
+                rep = reports[key] = GpuReport(v.index, v.uuid, v.name)
+                rep.mig = next((g.mig for g in tick.gpus if g.index == v.index and g.uuid == v.uuid), None)
+            prev = last_t.get(key)
+            dt = min(v.t_s - prev, th.window_s) if prev is not None else interval
+            last_t[key] = v.t_s
+            if keep_ticks:
+                rep.verdicts.append(v)
+            rep.seconds_by_label[v.label] += dt
+            for j in jobs_of.get(key, ()):
+                rep.jobs.setdefault(j.job_id, j.user)
+
+    pipeline.on_verdicts(collect)
+    pipeline.run()
+    for key, det in pipeline.detector.fleet.gpus.items():
+        rep = reports.get(key)
+        if rep is not None:
+            rep.episodes = det.close(end[0])
+            rep.wasted_gpu_s = det.wasted_gpu_s
+    return sorted(reports.values(), key=lambda r: (r.index, r.uuid)), host, end[0]
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _fmt_evidence(e: dict[str, Any]) -> str:
+    def pct(key: str) -> str:
+        v = e.get(key)
+        return "n/a" if v is None else f"{v:.0%}"
+
+    def ms(key: str) -> str:
+        v = e.get(key)
+        return "n/a" if v is None else f"{v * 1000:.0f} ms"
+
+    parts = [f"duty {pct('duty_cycle')}", f"p5/p95 {pct('p5')}/{pct('p95')}"]
+    if e.get("bursts_per_s") is not None:
+        parts.append(f"{e['bursts_per_s']:.1f} bursts/s seen")
+    if e.get("mean_burst_s") is not None or e.get("mean_gap_s") is not None:
+        reg = ""
+        if e.get("gap_cv") is not None:
+            reg = f", {'regular' if e['gap_cv'] < 0.5 else 'irregular'} gaps (cv {e['gap_cv']:.2f})"
+        res = f" at {e['period_s'] * 1000:.0f} ms resolution" if e.get("period_s") else ""
+        parts.append(f"busy runs {ms('mean_burst_s')}, empty runs {ms('mean_gap_s')}{res}{reg}")
+    if e.get("main_cpu_cores") is not None:
+        parts.append(
+            f"job CPU: main {e['main_cpu_cores']:.0%} of a core, busiest loader "
+            f"{(e.get('busiest_child_cpu_cores') or 0):.0%}, {e.get('loader_workers') or 0} workers"
+        )
+    if e.get("busiest_core_ratio") is not None:
+        parts.append(f"busiest core {pct('busiest_core_ratio')}")
+    if e.get("iowait_ratio") is not None:
+        parts.append(f"iowait {pct('iowait_ratio')}")
+    if e.get("job_read_bytes_per_s") is not None:
+        parts.append(f"job reads {e['job_read_bytes_per_s'] / 1e6:.0f} MB/s")
+    elif e.get("disk_read_bytes_per_s") is not None:
+        parts.append(f"disk reads {e['disk_read_bytes_per_s'] / 1e6:.0f} MB/s")
+    if e.get("power_ratio") is not None:
+        parts.append(f"power {pct('power_ratio')} of limit")
+    if e.get("sm_active") is not None:
+        parts.append(f"SM activity {pct('sm_active')} ({pct('sm_while_busy')} of SMs while busy)")
+    if e.get("clock_held"):
+        parts.append(f"clocks held down: {e['clock_held']}")
+    return ", ".join(parts)
+
+
+def _clock(a: Analysis, t_s: float) -> str:
+    """A time as the report shows it: seconds into a trace, or the wall clock for a range."""
+    if a.span is None:
+        return f"{t_s:8.1f}"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(a.span.origin_unix_s + t_s).strftime("%m-%d %H:%M:%S")
+
+
+def render_text(a: Analysis) -> str:
+    source = SourceDescription.from_json(a.header.get("source")).phrase()
+    if a.span is None:
+        lines = [f"gpumon analyze {a.path}: {len(a.gpus)} GPU(s), {a.duration_s:.0f} s ({source})"]
+    else:
+        sp = a.span
+        first, last = sp.first_unix_s or sp.since_unix_s, sp.last_unix_s or sp.until_unix_s
+        lines = [
+            f"gpumon analyze --from {a.path}: {len(a.gpus)} GPU(s), {_iso(first)} to {_iso(last)} "
+            f"({_span_text(last - first)}, {sp.ticks} ticks from {len(sp.segments)} segment(s); {source})"
+        ]
+    starved = [g for g in a.gpus if g.main_label.startswith("starved")]
+    lines.append(
+        f"fleet: {len(starved)} of {len(a.gpus)} GPU(s) mostly starved; "
+        f"{a.wasted_gpu_s / 3600:.3f} GPU-hours wasted ({a.wasted_gpu_s:.0f} GPU-s)"
+    )
+    unit = "" if a.span is not None else " s"
+    for g in a.gpus:
+        total = g.observed_s or 1.0
+        lines.append("")
+        where = f"GPU {g.index}" + (f" MIG {g.mig}" if g.mig is not None else "")
+        lines.append(f"{where}  {g.name or '?'}  {g.uuid or '?'}")
+        if g.jobs:
+            lines.append("  jobs:    " + ", ".join(f"{j} ({u})" if u else j for j, u in g.jobs.items()))
+        headline = f"  verdict: {g.main_label.upper()}"
+        if g.final_label:
+            start = next(e.start_s for e in reversed(g.episodes) if e.label == g.final_label)
+            since = _clock(a, start).strip()
+            headline += f" most of the time; {g.final_label.upper()} at the end (from {since}{unit})"
+        lines.append(headline)
+        shares = sorted(g.seconds_by_label.items(), key=lambda kv: -kv[1])
+        lines.append(
+            "  time:    " + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in shares if v > 0)
+        )
+        lines.append(f"  wasted:  {g.wasted_gpu_s / 3600:.4f} GPU-hours ({g.wasted_gpu_s:.0f} GPU-s)")
+        shown = [e for e in g.episodes if e.state != "unknown"]
+        lines.append(f"  episodes ({len(shown)}):")
+        for e in shown[:8]:
+            end = e.end_s if e.end_s is not None else a.end_s
+            duty = f", mean duty {e.mean_duty:.0%}" if e.mean_duty is not None else ""
+            lines.append(
+                f"    {_clock(a, e.start_s)} - {_clock(a, end)}{unit}  {e.label:<14} "
+                f"({end - e.start_s:.0f} s{duty}, wasted {e.wasted_gpu_s:.0f} GPU-s)"
+            )
+        if len(shown) > 8:
+            lines.append(f"    ... {len(shown) - 8} more (--json lists them all)")
+        worst = g.worst_episode
+        if worst is not None and worst.worst is not None:
+            lines.append(
+                f"  worst:   {worst.label} from {_clock(a, worst.start_s).strip()}{unit}: {worst.reason}"
+            )
+            lines.append(f"           evidence: {_fmt_evidence(worst.worst)}")
+        if g.suggestion:
+            lines.append(f"  suggest: {g.suggestion}")
+    for w in a.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _span_text(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def to_json(a: Analysis) -> dict[str, Any]:
+    def episode(e: Episode) -> dict[str, Any]:
+        start_unix = a.unix(e.start_s)
+        end_unix = a.unix(e.end_s) if e.end_s is not None else None
+        return {
+            "state": e.state,
+            "cause": e.cause,
+            "label": e.label,
+            "start_s": e.start_s,
+            "end_s": e.end_s,
+            "start_unix_s": None if start_unix is None else round(start_unix, 3),
+            "end_unix_s": None if end_unix is None else round(end_unix, 3),
+            "wasted_gpu_s": e.wasted_gpu_s,
+            "mean_duty": e.mean_duty,
+            "reason": e.reason,
+            "worst_evidence": e.worst,
+            "causes": [{"from_s": t, "cause": c} for t, c in e.causes],
+        }
+
+    sp = a.span
+    return {
+        "schema": SCHEMA,
+        "trace": a.path,
+        "source": a.header.get("source"),
+        "duration_s": round(a.duration_s, 3),
+        "range": None
+        if sp is None
+        else {
+            "directory": sp.directory,
+            "since_unix_s": round(sp.since_unix_s, 3),
+            "until_unix_s": round(sp.until_unix_s, 3),
+            "first_unix_s": sp.first_unix_s,
+            "last_unix_s": sp.last_unix_s,
+            "origin_unix_s": round(sp.origin_unix_s, 3),
+            "segments": len(sp.segments),
+            "ticks": sp.ticks,
+        },
+        "thresholds": {k: getattr(a.thresholds, k) for k in a.thresholds.__slots__},
+        "wasted_gpu_s": round(a.wasted_gpu_s, 3),
+        "gpus": [
+            {
+                "index": g.index,
+                "mig": g.mig,
+                "uuid": g.uuid,
+                "name": g.name,
+                "verdict": g.main_label,
+                "final": g.final_label or g.main_label,
+                "jobs": [{"job_id": j, "user": u} for j, u in g.jobs.items()],
+                "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
+                "wasted_gpu_s": round(g.wasted_gpu_s, 3),
+                "suggestion": g.suggestion,
+                "episodes": [episode(e) for e in g.episodes],
+                "verdicts": [
+                    {
+                        "t_s": v.t_s,
+                        "state": v.state,
+                        "cause": v.cause,
+                        "confidence": v.confidence,
+                        "raw": v.raw.label,
+                        "duty_cycle": None
+                        if v.evidence.duty_cycle is None
+                        else round(v.evidence.duty_cycle, 4),
+                    }
+                    for v in g.verdicts
+                ],
+            }
+            for g in a.gpus
+        ],
+        "warnings": a.warnings,
+    }
+
+
+# -- ground truth (gpumon bench --truth) ----------------------------------------------------------
+
+
+@dataclass
+class TruthReport:
+    judged: int
+    agreed: int
+    starved_windows: int
+    starved_flagged: int
+    fed_windows: int
+    fed_unflagged: int
+    skipped: int
+    """Windows outside the trace, within the detector's settling time after a job started (its
+    window plus confirmation), or only moderately input-bound."""
+    sync_windows: int = 0
+    """Windows of a data-parallel rank blocked in the collective half its time or more."""
+    sync_flagged: int = 0
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.judged if self.judged else 0.0
+
+    def render(self, path: str) -> str:
+        return (
+            f"ground truth {path}: {self.judged} windows judged, {self.agreed} agree "
+            f"({self.agreement:.0%}); highly input-bound flagged starved {self.starved_flagged}/"
+            f"{self.starved_windows}; not input-bound left unflagged "
+            f"{self.fed_unflagged}/{self.fed_windows}; "
+            + (
+                f"waiting in the collective flagged sync-stall {self.sync_flagged}/{self.sync_windows}; "
+                if self.sync_windows
+                else ""
+            )
+            + f"{self.skipped} not judged (moderately input-bound, settling after a job started, "
+            "or outside the trace)"
+        )
+
+
+TruthWindow = tuple[float, float, str, str, int | None]
+"""(start_unix_s, end_unix_s, expected state, pipeline, GPU or None for the only one) from
+`gpumon bench --truth` (with --gpus, one record per rank, on GPU = rank)."""
+
+
+def read_truth(truth_path: str) -> list[TruthWindow]:
+    """The ground-truth file, checked whole before any analysis runs: a missing, binary or
+    garbled file is one line naming the file and line (exit 4)."""
+    from gpumon.core.errors import TraceError
+
+    windows = []
+    try:
+        with open(truth_path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise TraceError(truth_path, None, "a directory, not a truth file") from None
+    except OSError as e:
+        raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            w = json.loads(raw.decode("utf-8"))
+            start, end = float(w["start_unix_s"]), float(w["end_unix_s"])
+            if not (math.isfinite(start) and math.isfinite(end)):
+                raise ValueError
+            gpu = w.get("gpu")
+            if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
+                raise ValueError
+            windows.append((start, end, str(w["expected"]), str(w.get("pipeline", "")), gpu))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+            raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
+    if not windows:
+        raise TraceError(truth_path, None, "no truth records (written by gpumon bench --truth)")
+    return windows
+
+
+def compare_truth(a: Analysis, truth: str | list[TruthWindow]) -> TruthReport:
+    """Judge each decisive truth window by the verdicts inside it (their majority, once settled)."""
+    from gpumon.core.errors import TraceError
+
+    started = a.header.get("started_unix_s")
+    if not isinstance(started, (int, float)):
+        raise TraceError(a.path, 1, "the header has no started_unix_s: cannot line up --truth")
+    records = read_truth(truth) if isinstance(truth, str) else truth
+    settle = a.thresholds.window_s + a.thresholds.confirm_s
+    all_verdicts = [v for g in a.gpus for v in g.verdicts]
+    first = min((v.t_s for v in all_verdicts), default=0.0)
+    rep = TruthReport(0, 0, 0, 0, 0, 0, 0)
+    job_start: dict[int | None, float] = {}
+    previous: dict[int | None, tuple[float, str]] = {}
+    for s, e, expected, pipeline, gpu in records:
+        start, end = s - started, e - started
+        verdicts = all_verdicts if gpu is None else [v for v in all_verdicts if v.index == gpu]
+        # A new job (another pipeline, or a break between windows) starts a settling span: the
+        # detector needs its window and confirmation after every change (docs/detector.md).
+        last = previous.get(gpu)
+        if last is None or pipeline != last[1] or start - last[0] > 2.0:
+            job_start[gpu] = start
+        previous[gpu] = (end, pipeline)
+        ready = max(first, job_start[gpu]) + settle
+        inside = [v for v in verdicts if start <= v.t_s < end and v.t_s >= ready and v.state != "unknown"]
+        if expected not in ("starved", "healthy", "sync-stall") or not inside or end <= ready:
+            rep.skipped += 1
+            continue
+        starved = sum(v.state == "starved" for v in inside) > len(inside) / 2
+        spinning = sum(v.state == "sync-stall" for v in inside) > len(inside) / 2
+        rep.judged += 1
+        if expected == "starved":
+            rep.starved_windows += 1
+            rep.starved_flagged += starved
+            rep.agreed += starved
+        elif expected == "sync-stall":
+            rep.sync_windows += 1
+            rep.sync_flagged += spinning
+            rep.agreed += spinning
+        else:
+            fine = not starved and not spinning
+            rep.fed_windows += 1
+            rep.fed_unflagged += fine
+            rep.agreed += fine
+    return rep

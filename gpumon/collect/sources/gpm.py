@@ -1,0 +1,167 @@
+"""GPM (GPU Performance Monitoring, Hopper and newer): two samples in, what the SMs did out.
+
+The NVML module is injected (the real `pynvml`, or none of these functions on a simulator or an
+older driver); gpumon.collect.sources.nvml decides where GPM is supported and calls this. A GpmUnit owns
+two sample buffers for one GPU or MIG instance and alternates between them: each `read` takes a
+sample and returns the metrics between it and the one before. NVML's samples must be more than
+100 ms apart ("internal sample refresh rate", nvml.h); a read sooner than that takes nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpumon.core.model import GpmActivity
+
+MIN_APART_S = 0.1
+"""nvml.h: two GPM samples closer than this give no metrics."""
+_MIB = 1024.0 * 1024.0
+
+# (GPM metric id from nvml.h, GpmActivity field, scale to gpumon's units)
+METRICS: tuple[tuple[int, str, float], ...] = (
+    (1, "graphics_ratio", 0.01),  # NVML_GPM_METRIC_GRAPHICS_UTIL, percent
+    (2, "sm_active_ratio", 0.01),  # SM_UTIL
+    (3, "sm_occupancy_ratio", 0.01),  # SM_OCCUPANCY
+    (5, "tensor_ratio", 0.01),  # ANY_TENSOR_UTIL
+    (10, "dram_bw_ratio", 0.01),  # DRAM_BW_UTIL
+    (13, "fp16_ratio", 0.01),  # FP16_UTIL
+    (12, "fp32_ratio", 0.01),  # FP32_UTIL
+    (11, "fp64_ratio", 0.01),  # FP64_UTIL
+    (21, "pcie_rx_bytes_per_s", _MIB),  # PCIE_RX_PER_SEC, MiB/s
+    (20, "pcie_tx_bytes_per_s", _MIB),  # PCIE_TX_PER_SEC
+    (60, "nvlink_rx_bytes_per_s", _MIB),  # NVLINK_TOTAL_RX_PER_SEC
+    (61, "nvlink_tx_bytes_per_s", _MIB),  # NVLINK_TOTAL_TX_PER_SEC
+)
+GRAPHICS_ONLY: tuple[tuple[int, str, float], ...] = METRICS[:1]
+"""What the steps between ticks ask for: activity, for bursts and gaps."""
+_RATIOS = sum(1 for _, name, _ in METRICS if name.endswith("_ratio"))
+assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is in GpmActivity's order"
+
+# nvml.h's nvmlGpmMetric_t: {unsigned int metricId; nvmlReturn_t nvmlReturn; double value;
+# nvmlGpmMetricInfo_t {char *shortName, *longName, *unit}}: 40 bytes on x86-64 and aarch64.
+# Read in one unpack rather than one ctypes proxy per metric and field (benchmarks/nvml_cost.py).
+_METRIC = struct.Struct("=Iid24x")
+
+
+def activity_of(values: list[float | None]) -> GpmActivity:
+    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1."""
+    for i in range(_RATIOS):
+        v = values[i]
+        if v is not None:
+            values[i] = round(v if v < 1.0 else 1.0, 4)
+    return GpmActivity(*values)
+
+
+class _Request:
+    """One nvmlGpmMetricsGet_t, built once and reused: pynvml's holds 477 metric slots (19 KB)."""
+
+    def __init__(self, nvml: Any, metrics: Sequence[tuple[int, str, float]]) -> None:
+        self._nv = nvml
+        get = nvml.c_nvmlGpmMetricsGet_t()
+        get.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
+        get.numMetrics = len(metrics)
+        for i, (metric_id, _, _) in enumerate(metrics):
+            get.metrics[i].metricId = metric_id
+        self._get = get
+        self._scales = [scale for _, _, scale in metrics]
+        self._raw: Any = None
+        # pynvml's structs check every attribute set in Python; ctypes' own setter does not
+        self._set: Callable[[Any, str, Any], None] = setattr
+        if isinstance(get, ctypes.Structure):
+            self._set = ctypes.Structure.__setattr__
+            if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:  # read straight from memory
+                size = _METRIC.size * len(metrics)
+                self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
+
+    def between(self, older: Any, newer: Any) -> list[float | None]:
+        get = self._get
+        self._set(get, "sample1", older)
+        self._set(get, "sample2", newer)
+        self._nv.nvmlGpmMetricsGet(get)
+        if self._raw is not None:
+            found = _METRIC.iter_unpack(self._raw.raw)
+            return [
+                None if ret else (value * scale if value > 0 else 0.0)
+                for (_, ret, value), scale in zip(found, self._scales, strict=True)
+            ]
+        out: list[float | None] = []
+        for i, scale in enumerate(self._scales):
+            m = get.metrics[i]
+            out.append(None if m.nvmlReturn != 0 else max(0.0, float(m.value)) * scale)
+        return out
+
+
+class GpmUnit:
+    """GPM sampling of one unit. `take(sample)` fills an NVML sample buffer for it
+    (nvmlGpmSampleGet on a device or MIG handle, or nvmlGpmMigSampleGet on the parent).
+
+    Each tick (`tick`) takes a sample and gives METRICS since the previous tick's. A `fast` unit
+    also takes samples between ticks (`step`), each giving graphics activity since the one
+    before: a third buffer keeps the previous tick's sample while the steps go on."""
+
+    def __init__(self, nvml: Any, take: Callable[[Any], Any], *, fast: bool = False) -> None:
+        self._nv = nvml
+        self._take = take
+        self._samples = [nvml.nvmlGpmSampleAlloc() for _ in range(3 if fast else 2)]
+        self._anchor: int | None = None
+        """The buffer holding the previous tick's sample."""
+        self._last: int | None = None
+        """The buffer holding the newest sample (tick or step)."""
+        self._last_t = 0.0
+        self._full = _Request(nvml, METRICS)
+        self._quick = _Request(nvml, GRAPHICS_ONLY) if fast else None
+
+    def _sample(self, t_s: float) -> int | None:
+        if self._last is not None and t_s - self._last_t <= MIN_APART_S:
+            return None  # too soon after the last: NVML would give nothing
+        anchor, last = self._anchor, self._last
+        if last is None:
+            free = 0
+        elif anchor is None or anchor == last:
+            free = (last + 1) % len(self._samples)
+        else:  # three buffers: the one that is neither
+            free = 3 - anchor - last
+        self._take(self._samples[free])
+        return free
+
+    def step(self, t_s: float) -> float | None:
+        """Between ticks (fast units): graphics activity since the newest sample, 0-1."""
+        new = self._sample(t_s)
+        if new is None or self._quick is None:
+            return None
+        last, self._last, self._last_t = self._last, new, t_s
+        if last is None:
+            return None
+        value = self._quick.between(self._samples[last], self._samples[new])[0]
+        return None if value is None else min(1.0, value)
+
+    def tick(self, t_s: float) -> tuple[float | None, GpmActivity | None]:
+        """At a tick: (graphics activity since the newest sample (fast units), METRICS since the
+        previous tick's sample). None where there is no earlier sample."""
+        new = self._sample(t_s)
+        if new is None:
+            return None, None
+        quick = full = None
+        if self._quick is not None and self._last is not None:
+            value = self._quick.between(self._samples[self._last], self._samples[new])[0]
+            quick = None if value is None else min(1.0, value)
+        if self._anchor is not None:
+            full = activity_of(self._full.between(self._samples[self._anchor], self._samples[new]))
+        self._anchor = new
+        self._last, self._last_t = new, t_s
+        return quick, full
+
+    def activity(self, t_s: float) -> GpmActivity | None:
+        """METRICS since the previous tick, as a GpmActivity."""
+        return self.tick(t_s)[1]
+
+    def free(self) -> None:
+        for s in self._samples:
+            try:
+                self._nv.nvmlGpmSampleFree(s)
+            except Exception:  # a driver gone at shutdown: nothing left to free
+                pass
+        self._samples = []

@@ -1,0 +1,144 @@
+"""XID errors: NVML's critical-error events, counted per GPU (and MIG instance) and code.
+
+One thread per process waits on one NVML event set (nvmlEventSetWait_v2) with a timeout, so a
+stop is obeyed within `wait_ms` (shutdown stays under 2 s). Counts only grow while gpumon runs:
+a Prometheus counter, not a gauge that sticks at the last code (dcgm-exporter #190). The event
+carries the device handle, mapped back to the GPU index it was registered under, with no NVML
+call: a GPU that falls off the bus reports XID 79 and is lost at the same moment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpumon.core.model import XidCount
+from gpumon.core.problems import Problems
+
+log = logging.getLogger("gpumon.xid")
+
+XID_CRITICAL_ERROR = 0x8
+"""nvmlEventTypeXidCriticalError (nvml.h)."""
+NO_INSTANCE = 0xFFFFFFFF
+"""gpuInstanceId of an event not attributable to one MIG instance."""
+_TIMEOUT = 10
+"""NVML_ERROR_TIMEOUT: nothing happened within the wait."""
+DEFAULT_WAIT_MS = 500
+
+Key = tuple[int, int | None]
+"""(GPU index, MIG GPU instance id or None)."""
+
+
+def handle_key(handle: Any) -> int:
+    """A handle's identity: its address for a ctypes pointer (the driver's own), else the object."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+class XidWatcher:
+    def __init__(
+        self,
+        nvml: Any,
+        problems: Problems,
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        wall_clock: Callable[[], float] = time.time,
+        retry_s: float = 1.0,
+    ) -> None:
+        self._nv = nvml
+        self._problems = problems
+        self._wait_ms = wait_ms
+        self._wall = wall_clock
+        self._retry_s = retry_s
+        self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+        self._set: Any = None
+        self._indices: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._counts: dict[Key, dict[int, int]] = {}
+        self._last: dict[Key, tuple[int, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.supported = True
+
+    def register(self, index: int, handle: Any) -> bool:
+        """Watch GPU `index` (its handle as NVML gave it); False where it has no XID events."""
+        if not self.supported:
+            return False
+        nv = self._nv
+        try:
+            if self._set is None:
+                if not hasattr(nv, "nvmlEventSetCreate"):
+                    self.supported = False
+                    return False
+                self._set = nv.nvmlEventSetCreate()
+            nv.nvmlDeviceRegisterEvents(handle, XID_CRITICAL_ERROR, self._set)
+        except self._error_type as e:
+            log.info("gpu %d: no XID events (%s)", index, e)
+            return False
+        self._indices[handle_key(handle)] = index
+        return True
+
+    def start(self) -> None:
+        if self._set is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="gpumon-xid", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self._nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait_v2(self._set, self._wait_ms)
+            except self._error_type as e:
+                if getattr(e, "value", None) != _TIMEOUT:
+                    self._problems.note("nvml:xid", f"nvml: waiting for XID events failed: {e}")
+                    self._stop.wait(self._retry_s)  # do not spin on a failing driver
+                    continue
+                data = None
+            if self._problems.any_active:  # waiting works (again)
+                self._problems.clear("nvml:xid")
+            if data is None:
+                continue
+            if int(data.eventType) & XID_CRITICAL_ERROR:
+                self.record(data.device, int(data.eventData), int(data.gpuInstanceId))
+
+    def record(self, device: Any, xid: int, gpu_instance: int = NO_INSTANCE) -> None:
+        index = self._indices.get(handle_key(device))
+        if index is None:
+            log.warning("XID %d on a device gpumon did not register; not counted", xid)
+            return
+        key: Key = (index, None if gpu_instance == NO_INSTANCE else gpu_instance)
+        with self._lock:
+            per = self._counts.setdefault(key, {})
+            per[xid] = per.get(xid, 0) + 1
+            self._last[key] = (xid, self._wall())
+        where = f"gpu {index}" + (f" mig {key[1]}" if key[1] is not None else "")
+        log.warning("%s: XID %d", where, xid)
+
+    def seen(self, index: int, mig: int | None) -> tuple[tuple[XidCount, ...], tuple[int, float] | None]:
+        if not self._counts:  # every GPU on every tick asks: the usual answer without the lock
+            return (), None
+        with self._lock:
+            per = self._counts.get((index, mig))
+            counts = tuple(XidCount(x, n) for x, n in sorted(per.items())) if per else ()
+            return counts, self._last.get((index, mig))
+
+    def stop(self, timeout_s: float = 1.5) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():  # a driver call that does not return: leave it, never hang
+                return
+            self._thread = None
+        if self._set is not None:
+            try:
+                self._nv.nvmlEventSetFree(self._set)
+            except self._error_type:
+                pass
+            self._set = None

@@ -1,0 +1,186 @@
+"""One window's evidence -> a state, a cause and a confidence. Pure; the rules read top to bottom.
+
+Order matters and is the documented precedence (docs/detector.md):
+unknown > idle > stalled > sync-stall > healthy > starved (cpu, io, host) > underutilized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpumon.detect.evidence import Evidence
+from gpumon.detect.thresholds import Thresholds
+
+STATES = ("unknown", "idle", "healthy", "starved", "stalled", "sync-stall", "underutilized")
+CAUSES = ("cpu", "io", "host")
+"""Causes of starvation (gpumon_gpu_starvation_cause); `underutilized` has its own: SMALL_KERNELS."""
+SMALL_KERNELS = "small-kernels"
+WASTEFUL = frozenset({"starved", "stalled", "sync-stall", "underutilized"})
+
+
+def state_label(state: str, cause: str | None) -> str:
+    """`starved-cpu`, `healthy`, ...: a state with its cause, as scenarios, episodes and the state
+    API name them. The one place this label is built."""
+    return f"{state}-{cause}" if cause else state
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    state: str
+    cause: str | None
+    confidence: float
+    reason: str
+    """One line a person can read: why this state."""
+    since_s: float | None = None
+    """How long ago the evidence for this state began, when the window shows the change itself
+    (a fed GPU turning to bursts and gaps): the tracker confirms from then, not from this tick."""
+
+    @property
+    def label(self) -> str:
+        return state_label(self.state, self.cause)
+
+
+def _conf(margin: float, scale: float) -> float:
+    """0.5 at the threshold, rising to 1.0 at `scale` beyond it."""
+    return round(0.5 + 0.5 * max(0.0, min(1.0, margin / scale if scale > 0 else 1.0)), 3)
+
+
+def classify(
+    ev: Evidence,
+    th: Thresholds,
+    current: str | None,
+    available: bool = True,
+    expected_points: int | None = None,
+) -> Classification:
+    if not available:
+        return Classification("unknown", None, 0.0, "GPU unavailable (lost or failing)")
+    if ev.points < th.min_points or ev.duty_cycle is None:
+        return Classification("unknown", None, 0.0, f"only {ev.points} utilization samples in the window")
+    duty = ev.duty_cycle
+    fill = min(1.0, ev.points / expected_points) if expected_points else 1.0
+
+    def result(state: str, cause: str | None, confidence: float, reason: str) -> Classification:
+        return Classification(state, cause, round(confidence * fill, 3), reason)
+
+    def starved(cause: str | None, confidence: float, reason: str) -> Classification:
+        if ev.change_age_s is None:
+            return result("starved", cause, confidence, reason)
+        reason += f" (since {ev.change_age_s:.1f} s ago, when a fed GPU turned to bursts and gaps)"
+        return Classification("starved", cause, round(confidence * fill, 3), reason, ev.change_age_s)
+
+    # Processes can be invisible (another container's PID namespace) while kernels run: a GPU
+    # doing work has a job, listed or not. Idle is judged on the recent samples, so a job that
+    # just ended shows as idle without waiting for its work to leave the window.
+    recent = ev.recent_duty if ev.recent_duty is not None else duty
+    if not ev.has_job and recent < th.stalled_duty:
+        return result("idle", None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU")
+    if duty < th.stalled_duty:
+        return result(
+            "stalled",
+            None,
+            _conf(th.stalled_duty - duty, th.stalled_duty),
+            f"a process holds the GPU but kernels ran {duty:.1%} of the time",
+        )
+    if duty >= th.sync_min_duty and ev.power_ratio is not None and ev.power_ratio <= th.sync_max_power_ratio:
+        return result(
+            "sync-stall",
+            None,
+            _conf(th.sync_max_power_ratio - ev.power_ratio, th.sync_max_power_ratio / 2),
+            f"{duty:.0%} busy at {ev.power_ratio:.0%} of the power limit: kernels spin, "
+            "not compute (waiting in a collective?)",
+        )
+    fed = th.fed_duty + (-th.hysteresis if current == "healthy" else th.hysteresis)
+    # A window whose older part was fed and whose newer part has bursts and gaps is judged on the
+    # newer part: a job that starves now is not healthy because it was fed six seconds ago.
+    changed = ev.duty_since_change is not None and ev.change_age_s is not None
+    if changed and ev.duty_since_change is not None:
+        duty = ev.duty_since_change
+    if duty >= fed:
+        held = f" (clocks held down: {ev.clock_held})" if ev.clock_held else ""
+        sm = ev.sm_while_busy
+        if sm is not None:  # GPM: busy is not enough, the SMs must be too
+            limit = th.small_kernels_sm + (th.hysteresis if current == "underutilized" else 0.0)
+            if sm < limit:
+                return result(
+                    "underutilized",
+                    SMALL_KERNELS,
+                    _conf(limit - sm, 0.2),
+                    f"kernels ran {duty:.0%} of the time but filled only {sm:.0%} of the SMs while "
+                    f"running: kernels too small for the GPU (a small batch, launch-bound steps){held}",
+                )
+        return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time{held}")
+
+    short = _conf(fed - duty, 0.3)
+    busiest = ev.busiest_job_core
+    cpu = (busiest is not None and busiest >= th.pinned_core) or (
+        ev.host_cpu_ratio is not None and ev.host_cpu_ratio >= th.host_cpu_busy
+    )
+    # Host-wide signals stand in for the job's own only when the job has processes the host
+    # cannot see (another PID namespace); a GPU with no process gets no cause from its neighbours.
+    host_wide = ev.has_job and not ev.job_seen_on_host
+    if host_wide and ev.busiest_core_ratio is not None:
+        cpu = cpu or ev.busiest_core_ratio >= th.pinned_core
+    # A process that wants a whole core but gets part of it (waiting in the run queue on a busy
+    # host) is as CPU-bound as a pinned one: the kernel's schedstat says so, totals cannot.
+    pinned = busiest is not None and busiest >= th.pinned_core
+    demand = ev.job_cpu_demand_cores
+    contended = not pinned and demand is not None and demand >= th.pinned_core
+    blkio = ev.job_blkio_wait_s
+    storage_waits = blkio is not None and blkio >= th.blkio_wait_high
+    if storage_waits and blkio is not None and blkio <= (ev.job_runq_wait_cores or 0.0):
+        storage_waits = False  # waiting for CPU more than for storage
+    bursty = changed or ev.bursty_quarters >= th.bursty_quarters
+    if ev.job_read_bytes_per_s is not None:
+        io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
+            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
+        )
+    else:
+        io = host_wide and (
+            (ev.iowait_ratio is not None and ev.iowait_ratio >= th.iowait_high)
+            or (ev.disk_read_bytes_per_s is not None and ev.disk_read_bytes_per_s >= th.read_bytes_high)
+        )
+    io = io or storage_waits
+    idle_share = 1 - duty
+
+    if contended and not storage_waits:
+        assert demand is not None and busiest is not None
+        return starved(
+            "cpu",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while a job process wants {demand:.0%} of a core "
+            f"(runs {busiest:.0%}, waits for a CPU the rest): the input pipeline is CPU-bound on a busy host",
+        )
+    if cpu and not (io and not pinned):
+        who = (
+            f"a job process at {busiest:.0%} of a core"
+            if busiest is not None and busiest >= th.pinned_core
+            else f"host CPU at {ev.host_cpu_ratio or 0:.0%}"
+        )
+        return starved(
+            "cpu",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while {who}: the input pipeline is CPU-bound",
+        )
+    if io:
+        if storage_waits and blkio is not None:
+            what = f"the job's processes wait on storage {blkio:.1f} s per second, all together"
+        elif ev.job_read_bytes_per_s is not None:
+            what = f"the job reads {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
+        else:
+            what = f"iowait {ev.iowait_ratio or 0:.0%}"
+        return starved(
+            "io",
+            short,
+            f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
+        )
+    if bursty:
+        return starved(
+            "host",
+            short * 0.9,
+            f"bursts and gaps (idle {idle_share:.0%}, utilization swinging "
+            f"{ev.p5:.0%}-{ev.p95:.0%}) with no saturated CPU or storage: "
+            "waiting on the host for another reason",
+        )
+    return result(
+        "underutilized", None, short, f"steady {duty:.0%} use without gaps: the work is too small for the GPU"
+    )

@@ -1,0 +1,353 @@
+"""Evidence: the numbers a verdict rests on, computed from one window of samples. Pure."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gpumon.core.model import (
+    HELD_BY_POWER,
+    HELD_BY_SLOWDOWN,
+    HELD_BY_THERMAL,
+    GpuSample,
+    HostSample,
+    ProcessCpu,
+    UtilPoint,
+)
+from gpumon.detect.thresholds import Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWindow:
+    """What the detector sees of one GPU at one moment: the latest sample and recent history."""
+
+    t_s: float
+    gpu: GpuSample
+    samples: tuple[GpuSample, ...]
+    """This GPU's tick samples within the window, oldest first (the latest is `gpu`)."""
+    points: tuple[UtilPoint, ...]
+    """Driver utilization samples within the window, oldest first."""
+    hosts: tuple[HostSample, ...]
+    """Host samples within the host window, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    points: int
+    period_s: float | None
+    duty_cycle: float | None
+    """Mean of the driver samples: share of time a kernel ran."""
+    recent_duty: float | None
+    """The same over the window's last quarter: what the GPU does now."""
+    p5: float | None
+    p95: float | None
+    gap_share: float | None
+    """Share of samples at or below the gap threshold."""
+    bursts_per_s: float | None
+    mean_burst_s: float | None
+    mean_gap_s: float | None
+    bursty_quarters: int
+    """How many of the window's four quarters hold both bursts and gaps."""
+    change_age_s: float | None
+    """How long ago the GPU went from fed to bursts and gaps, when the window shows such a change:
+    its older part fed (duty >= fed_duty + hysteresis), its newer part (a quarter of the window or
+    more) with bursts and gaps at a duty at or below fed_duty - hysteresis. None otherwise."""
+    duty_since_change: float | None
+    """The duty cycle since that change: what the GPU does now, not diluted by the fed past."""
+    gap_cv: float | None
+    """Regularity of the gaps: standard deviation / mean of gap lengths (low: regular, as a
+    CPU-bound loader; high: irregular, as storage stalls). None with fewer than two gaps."""
+    power_ratio: float | None
+    has_job: bool
+    pids: tuple[int, ...]
+    job_seen_on_host: bool
+    """The host source knows the GPU's processes (not so across PID namespaces)."""
+    job_cpu_cores: float | None
+    """The GPU processes and all their descendants, in cores."""
+    main_cpu_cores: float | None
+    busiest_child_cpu_cores: float | None
+    loader_workers: int | None
+    job_read_bytes_per_s: float | None
+    job_cpu_demand_cores: float | None
+    """The most CPU one of the job's processes wanted (on-CPU plus waiting for a CPU), in cores."""
+    job_runq_wait_cores: float | None
+    """The job's processes' time waiting for a CPU, per second, all together."""
+    job_blkio_wait_s: float | None
+    """The job's processes' time waiting for block I/O, per second, all together (None unless the
+    kernel counts it: delayacct)."""
+    host_cpu_ratio: float | None
+    busiest_core_ratio: float | None
+    iowait_ratio: float | None
+    disk_read_bytes_per_s: float | None
+    sm_active: float | None = None
+    """GPM (Hopper and newer): share of SMs busy, averaged over the window. None without GPM."""
+    sm_while_busy: float | None = None
+    """GPM: SM activity over graphics activity: how much of the GPU the kernels fill while they
+    run (1.0: every SM; low: kernels too small for the GPU)."""
+    clock_held: str | None = None
+    """`power`, `thermal` or `slowdown` when that clock-event reason held the clocks down for half
+    of the window or more (the job computes slower, fed or not); None otherwise."""
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in _EVIDENCE_FIELDS:  # not dataclasses.asdict: it deep-copies, on every tick
+            v = getattr(self, k)
+            out[k] = round(v, 4) if isinstance(v, float) else v
+        return out
+
+    @property
+    def busiest_job_core(self) -> float | None:
+        """The most saturated single process of the job: main process or a loader worker."""
+        values = [v for v in (self.main_cpu_cores, self.busiest_child_cpu_cores) if v is not None]
+        return max(values) if values else None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
+    """Lengths of consecutive True runs (gaps) and False runs (bursts)."""
+    gaps: list[int] = []
+    bursts: list[int] = []
+    if not flags:
+        return gaps, bursts
+    current, length = flags[0], 0
+    for f in flags:
+        if f == current:
+            length += 1
+        else:
+            (gaps if current else bursts).append(length)
+            current, length = f, 1
+    (gaps if current else bursts).append(length)
+    return gaps, bursts
+
+
+_EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
+
+
+def _max_or_none(values: Iterable[float | None]) -> float | None:
+    """The largest, or None if any is unknown."""
+    found = list(values)
+    return None if not found or any(v is None for v in found) else max(v for v in found if v is not None)
+
+
+def _sum_or_none(values: Iterable[float | None]) -> float | None:
+    found = list(values)
+    return None if not found or any(v is None for v in found) else sum(v for v in found if v is not None)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _bursty_quarters(values: list[float], th: Thresholds) -> int:
+    n = len(values)
+    count = 0
+    for q in range(4):
+        part = values[q * n // 4 : (q + 1) * n // 4]
+        if len(part) < 2:
+            continue
+        lo, hi = min(part), max(part)
+        if lo <= th.burst_low_util and hi - lo >= th.bursty_spread:
+            count += 1
+    return count
+
+
+def _fed_then_starved(values: list[float], th: Thresholds) -> tuple[int, float] | None:
+    """Where a fed window turned to bursts and gaps: (index of the first sample after the change,
+    duty since), or None.
+
+    A split qualifies when a quarter of the window or more lies on each side, the older side is
+    fed (duty >= fed_duty + hysteresis) and the newer side starved-looking (<= fed_duty -
+    hysteresis) in its first half as well as in all (so the change is not placed early, in the
+    fed part). Of those, the most significant (the means' difference weighted by
+    sqrt(n_old * n_new / n), as a two-sample z statistic is). Then it must still hold now: the
+    newest eighth of the window (a second by default) below fed_duty, and the newer side, less
+    the two samples at the change, swinging as a bursty quarter does (a step down to steady lower
+    use is no starvation). O(n) per window, from prefix sums."""
+    n = len(values)
+    q = n // 4
+    if q < 4:
+        return None  # too few samples to tell a change from noise
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    total = prefix[-1]
+    fed, starved = th.fed_duty + th.hysteresis, th.fed_duty - th.hysteresis
+    newest = values[-max(2, n // 8) :]
+    if sum(newest) / len(newest) >= th.fed_duty:
+        return None
+    best: tuple[float, int, float] | None = None
+    for k in range(q, n - q + 1):
+        old, new = prefix[k] / k, (total - prefix[k]) / (n - k)
+        half = (k + n) // 2
+        if old >= fed and new <= starved and (prefix[half] - prefix[k]) / (half - k) <= starved:
+            score = (old - new) * math.sqrt(k * (n - k) / n)
+            if best is None or score > best[0]:
+                best = (score, k, new)
+    if best is None:
+        return None
+    _, k, new = best
+    tail = values[k + 2 :]  # not the first two: a driver sample's period may straddle the change
+    lo, hi = min(tail), max(tail)
+    if lo > th.burst_low_util or hi - lo < th.bursty_spread:
+        return None
+    return k, new
+
+
+def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[ProcessCpu]]:
+    """Per host sample, the entries for this GPU's processes."""
+    wanted = set(pids)
+    return [[p for p in h.processes if p.pid in wanted] for h in window.hosts]
+
+
+def _since_first_work(
+    points: tuple[UtilPoint, ...], samples: tuple[GpuSample, ...], th: Thresholds
+) -> tuple[UtilPoint, ...]:
+    """Drop what came before the job's first burst of work: a job starting up (importing,
+    compiling, allocating) leaves the GPU idle while its main process is busy, which is start-up,
+    not starvation. A job that never computes keeps its whole window (and ends up stalled)."""
+    job_since = None
+    appeared = False
+    for s in reversed(samples):  # when the job appeared, if we saw it appear in this window
+        if not s.processes:
+            appeared = True
+            break
+        job_since = s.t_s
+    if not appeared or job_since is None or not points or points[0].t_s >= job_since:
+        return points
+    for n, p in enumerate(points):
+        if p.t_s >= job_since and p.util_ratio > th.gap_util:
+            return points[n:]
+    return points
+
+
+PERIOD_POINTS = 33
+
+
+def gather(window: GpuWindow, th: Thresholds) -> Evidence:
+    pts = window.points
+    if len(pts) < 2 and window.samples:
+        # No sub-second history (GetSamples unsupported, e.g. MIG): fall back to tick readings.
+        pts = tuple(UtilPoint(s.t_s, s.util_ratio) for s in window.samples if s.util_ratio is not None)
+    pts = _since_first_work(pts, window.samples, th)
+    values = [p.util_ratio for p in pts]
+    period = None
+    if len(pts) >= 2:
+        # the driver's sample period: the median spacing of the newest samples (constant for a GPU;
+        # a median over all of a window's samples would cost a sort per tick for nothing)
+        newest = pts[-PERIOD_POINTS:]
+        period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(newest))
+    duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
+    bursty_quarters = 0
+    recent_duty = change_age = duty_since_change = None
+    if values:
+        bursty_quarters = _bursty_quarters(values, th)
+        change = _fed_then_starved(values, th)
+        if change is not None:
+            change_age, duty_since_change = max(0.0, window.t_s - pts[change[0]].t_s), change[1]
+        ordered = sorted(values)
+        duty = sum(values) / len(values)
+        tail = values[len(values) * 3 // 4 :] or values[-1:]
+        recent_duty = sum(tail) / len(tail)
+        p5, p95 = _percentile(ordered, 0.05), _percentile(ordered, 0.95)
+        flags = [v <= th.gap_util for v in values]
+        gap_share = sum(flags) / len(flags)
+        gaps, bursts = _runs(flags)
+        if period:
+            span = max(period * len(values), 1e-9)
+            starts = sum(1 for a, b in itertools.pairwise(flags) if a and not b)
+            bursts_per_s = starts / span
+            mean_burst = _mean([n * period for n in bursts])
+            mean_gap = _mean([n * period for n in gaps])
+            if len(gaps) >= 2:
+                lengths = [n * period for n in gaps]
+                mean = sum(lengths) / len(lengths)  # plain floats: statistics.pstdev works in Fractions
+                gap_cv = math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean
+
+    ratios = [
+        s.power_w / s.power_limit_w for s in window.samples if s.power_w is not None and s.power_limit_w
+    ]
+    gpu = window.gpu
+    pids = tuple(sorted(p.pid for p in gpu.processes))
+    per_host = _job_processes(window, pids)
+    seen = [procs for procs in per_host if procs]
+    hosts = window.hosts
+
+    def avg(fn: Callable[[Sequence[ProcessCpu]], float | None]) -> float | None:
+        return _mean([v for v in (fn(procs) for procs in seen) if v is not None])
+
+    def host_avg(attr: str) -> float | None:
+        return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
+
+    sm, busy = [], []
+    for s in window.samples:
+        a = s.gpm
+        if a is not None and a.sm_active_ratio is not None and a.graphics_ratio is not None:
+            sm.append(a.sm_active_ratio)
+            busy.append(a.graphics_ratio)
+    reads = [
+        sum(p.read_bytes_per_s or 0.0 for p in procs)
+        for procs in seen
+        if all(p.read_bytes_per_s is not None for p in procs)
+    ]
+    return Evidence(
+        points=len(values),
+        period_s=period,
+        duty_cycle=duty,
+        recent_duty=recent_duty,
+        p5=p5,
+        p95=p95,
+        gap_share=gap_share,
+        bursts_per_s=bursts_per_s,
+        mean_burst_s=mean_burst,
+        mean_gap_s=mean_gap,
+        bursty_quarters=bursty_quarters,
+        change_age_s=change_age,
+        duty_since_change=duty_since_change,
+        gap_cv=gap_cv,
+        power_ratio=_mean(ratios),
+        has_job=bool(pids),
+        pids=pids,
+        job_seen_on_host=bool(seen),
+        job_cpu_cores=avg(lambda ps: sum(p.cpu_ratio + p.children_cpu_ratio for p in ps)),
+        main_cpu_cores=avg(lambda ps: max(p.cpu_ratio for p in ps)),
+        busiest_child_cpu_cores=avg(lambda ps: max(p.busiest_child_cpu_ratio for p in ps)),
+        loader_workers=max((sum(p.children for p in ps) for ps in seen), default=None),
+        job_read_bytes_per_s=_mean(reads) if len(reads) == len(seen) and seen else None,
+        job_cpu_demand_cores=avg(lambda ps: _max_or_none(p.busiest_demand_ratio for p in ps)),
+        job_runq_wait_cores=avg(lambda ps: _sum_or_none(p.runq_wait_ratio for p in ps)),
+        job_blkio_wait_s=avg(lambda ps: _sum_or_none(p.blkio_wait_ratio for p in ps)),
+        host_cpu_ratio=host_avg("cpu_ratio"),
+        busiest_core_ratio=host_avg("busiest_core_ratio"),
+        iowait_ratio=host_avg("iowait_ratio"),
+        disk_read_bytes_per_s=host_avg("disk_read_bytes_per_s"),
+        sm_active=_mean(sm),
+        sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
+        clock_held=_clock_held(window.samples),
+    )
+
+
+def _clock_held(samples: Sequence[GpuSample]) -> str | None:
+    """The clock-event reason that held the clocks in half of the window's ticks or more."""
+    bits = [s.clock_events for s in samples if s.clock_events is not None]
+    if not bits:
+        return None
+    for name, mask in (
+        ("thermal", HELD_BY_THERMAL),
+        ("power", HELD_BY_POWER),
+        ("slowdown", HELD_BY_SLOWDOWN),
+    ):
+        if sum(1 for b in bits if b & mask) * 2 >= len(bits):
+            return name
+    return None

@@ -1,0 +1,51 @@
+"""`gpumon dstat-plugin install|uninstall`: put the plugin where dstat and dool look for it."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from gpumon.core.errors import OutputError
+
+PLUGIN = "dstat_gpu.py"
+
+
+def targets(system: bool, home: Path | None = None) -> list[Path]:
+    """dstat finds ~/.dstat/ first and /usr/local/share/dstat/ last; dool has its own places."""
+    if system:
+        return [Path("/usr/local/share/dstat/dstat_gpu.py"), Path("/usr/local/share/dool/dool_gpu.py")]
+    home = home or Path.home()
+    data = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
+    return [home / ".dstat" / "dstat_gpu.py", data / "dool" / "plugins" / "dool_gpu.py"]
+
+
+def source() -> bytes:
+    return resources.files("gpumon.dstat").joinpath("plugin", PLUGIN).read_bytes()
+
+
+def install(system: bool) -> list[Path]:
+    body = source()
+    done = []
+    for path in targets(system):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(body)
+        except OSError as e:
+            hint = " (try --user, or run as root)" if system else ""
+            raise OutputError(f"{path}: cannot write the plugin: {e.strerror}{hint}") from None
+        done.append(path)
+    return done
+
+
+def uninstall(system: bool) -> list[Path]:
+    removed = []
+    for path in targets(system):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise OutputError(f"{path}: cannot remove the plugin: {e.strerror}") from None
+    return removed

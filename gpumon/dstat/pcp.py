@@ -1,0 +1,446 @@
+"""`dstat --gpu` where `dstat` is Performance Co-Pilot's pcp-dstat (Ubuntu 24.04, Fedora, RHEL,
+any host with the `pcp` package), which never loads a `dstat_*.py` plugin.
+
+pcp-dstat's plugins are INI files whose columns are PCP metrics, and PCP's pmdaopenmetrics turns
+an HTTP endpoint into PCP metrics. So installing for pcp-dstat is three things:
+1. `$PCP_PMDAS_DIR/openmetrics/config.d/gpumon.url`: the daemon's `/metrics/pcp` (gpumon.serve.pcp),
+   with an `HEADER: Authorization: Basic ...` line when the daemon wants basic auth;
+2. the openmetrics PMDA registered with pmcd, if it is not (its own `Install`; noted, so that
+   uninstall removes only what install added);
+3. a `gpu` plugin file in `$PCP_SYSCONF_DIR/dstat/` (or `~/.pcp/dstat/` with --user).
+What was installed is written to a manifest beside the plugin, and uninstall removes exactly that.
+
+Two things make PCP's view independent of who last touched pmcd. pmcd.conf starts the PMDA as
+`python3 pmdaopenmetrics.python`, found in pmcd's own PATH: restarted from a shell with a
+virtualenv first in PATH, the PMDA dies at start (no `pcp` module there). Install names PCP's
+interpreter by its absolute path instead (noted, and put back by uninstall). And the PMDA keeps
+the instances it ever saw in a cache under $PCP_VAR_DIR/config/pmda/ (a 2-GPU daemon would show
+the 4 GPUs of an earlier one): install and uninstall clear gpumon's part of it and restart the PMDA.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpumon.core.errors import OutputError
+
+PLUGIN = """\
+#
+# pcp-dstat(1) plugin for gpumon: `dstat --gpu` (written by `gpumon dstat-plugin install`)
+#
+# Per GPU: utilization %, memory used %, and gpumon's verdict as dstat's short codes:
+#   ok healthy   STcpu STio SThst starved by CPU, storage, the host   stall stalled
+#   sync sync-stall   under underutilized   small kernels too small (GPM)   idle no job
+#   ? unknown   lost the GPU is lost
+# The metrics come from `gpumon serve` through PCP's openmetrics PMDA (config.d/gpumon.url).
+# With the daemon down the columns stay empty: `pminfo -f openmetrics.control.status` says why.
+#
+[gpu]
+label = %I
+width = 5
+precision = 0
+grouptype = 1
+util = openmetrics.gpumon.gpu.util
+mem = openmetrics.gpumon.gpu.mem
+state = openmetrics.gpumon.gpu.state
+"""
+MANIFEST = ".gpumon-installed.json"
+CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+"""PCP's scripts run its own python3 (with the pcp module), never one a virtualenv puts first."""
+
+
+PMDA_SCRIPT = "pmdaopenmetrics.python"
+CLUSTER_INDOMS = 1024
+"""pmdaopenmetrics: instance domain 4096 + cluster * 1024 + n holds the instances of a source's
+metric n (indom 0 maps source names to cluster numbers)."""
+
+
+def pcp_conf(path: str = "/etc/pcp.conf") -> dict[str, str]:
+    conf = {
+        "PCP_SYSCONF_DIR": "/etc/pcp",
+        "PCP_PMDAS_DIR": "/var/lib/pcp/pmdas",
+        "PCP_PMCDCONF_PATH": "/etc/pcp/pmcd/pmcd.conf",
+        "PCP_VAR_DIR": "/var/lib/pcp",
+        "PCP_PYTHON_PROG": "python3",
+    }
+    try:
+        with open(path) as f:
+            for line in f:
+                key, sep, value = line.strip().partition("=")
+                if sep and key in conf:
+                    conf[key] = value
+    except OSError:
+        pass
+    return conf
+
+
+def which_dstat() -> str | None:
+    """`pcp` when `dstat` is pcp-dstat, `dstat` for the original (0.7.4), None when neither."""
+    found = shutil.which("dstat")
+    if found is None:
+        return None
+    real = os.path.realpath(found)
+    if "pcp" in Path(real).name:
+        return "pcp"
+    try:
+        with open(real, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return "dstat"
+    return "pcp" if b"from pcp import" in head or b"pcp-dstat" in head else "dstat"
+
+
+@dataclass
+class Installed:
+    files: list[str] = field(default_factory=list)
+    registered_pmda: bool = False
+    pinned_python: str | None = None
+    """The interpreter name pmcd.conf had before install named it by its absolute path."""
+
+
+def _manifest(plugin_dir: Path) -> Path:
+    return plugin_dir / MANIFEST
+
+
+def plugin_dir(system: bool, conf: dict[str, str], home: Path | None = None) -> Path:
+    return Path(conf["PCP_SYSCONF_DIR"]) / "dstat" if system else (home or Path.home()) / ".pcp" / "dstat"
+
+
+def url_file(conf: dict[str, str]) -> Path:
+    return Path(conf["PCP_PMDAS_DIR"]) / "openmetrics" / "config.d" / "gpumon.url"
+
+
+def pmda_registered(conf: dict[str, str]) -> bool:
+    try:
+        text = Path(conf["PCP_PMCDCONF_PATH"]).read_text()
+    except OSError:
+        return False
+    return any(ln.split()[:1] == ["openmetrics"] for ln in text.splitlines() if not ln.startswith("#"))
+
+
+def install(
+    system: bool, url: str, basic_auth: str | None, conf: dict[str, str] | None = None
+) -> tuple[list[Path], list[str]]:
+    """Returns what was written and what the user should know (notes)."""
+    conf = conf or pcp_conf()
+    notes: list[str] = []
+    done = Installed()
+    pdir = plugin_dir(system, conf)
+    previous = _read_manifest(pdir)
+    target = pdir / "gpu"
+    _write(target, PLUGIN.encode(), 0o644, "--user" if system else "--system")
+    done.files.append(str(target))
+    uf = url_file(conf)
+    body = f"{url.rstrip('/')}/metrics/pcp\n"
+    if basic_auth:
+        token = base64.b64encode(basic_auth.encode()).decode()
+        body += f"HEADER: Authorization: Basic {token}\n"
+    if system:
+        _settle_ctime(uf, body.encode())
+        _write(uf, body.encode(), 0o600 if basic_auth else 0o644, None)
+        done.files.append(str(uf))
+        was_registered = pmda_registered(conf)
+        # A PMDA started afresh knows no metric of a source it cannot read: while the daemon is
+        # down, the running PMDA (which knows gpumon's metrics) is kept, so `dstat --gpu` shows
+        # blank columns rather than "unknown metric"; it is restarted once the daemon answers.
+        restart = was_registered and _answers(url, basic_auth)
+        if restart:
+            _stop_pmda()  # before its cache is cleared: it saves the cache as it ends
+            _clear_instances(conf)
+        if not was_registered:
+            _clear_instances(conf)
+            _register_pmda(conf)
+            done.registered_pmda = True
+            notes.append("registered PCP's openmetrics PMDA with pmcd (uninstall removes it again)")
+        pinned = _pin_interpreter(conf)
+        if pinned is not None:
+            done.pinned_python = pinned
+            notes.append(
+                f"pmcd now starts the openmetrics PMDA with {_pcp_python(conf)}, whatever python3 comes "
+                "first in the PATH of whoever restarts pmcd"
+            )
+        if restart or pinned is not None:
+            _stop_pmda()
+            _signal_pmcd()  # pmcd starts the PMDA afresh: no stale GPUs, the new URL read
+    elif not uf.exists():
+        notes.append(
+            f"{uf} is missing and needs root: run `sudo gpumon dstat-plugin install --system` once "
+            "(it also registers PCP's openmetrics PMDA if needed)"
+        )
+    done.registered_pmda = done.registered_pmda or previous.registered_pmda
+    done.pinned_python = done.pinned_python or previous.pinned_python
+    _write(_manifest(pdir), json.dumps(done.__dict__, indent=1).encode(), 0o644, None)
+    return [Path(p) for p in done.files], notes
+
+
+def uninstall(system: bool, conf: dict[str, str] | None = None) -> tuple[list[Path], list[str]]:
+    conf = conf or pcp_conf()
+    pdir = plugin_dir(system, conf)
+    done = _read_manifest(pdir)
+    notes = []
+    removed = []
+    for name in done.files:
+        try:
+            Path(name).unlink()
+            removed.append(Path(name))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise OutputError(f"{name}: cannot remove: {e.strerror}") from None
+    if done.registered_pmda:
+        _unregister_pmda(conf)
+        _clear_instances(conf)
+        notes.append("removed PCP's openmetrics PMDA from pmcd, as install had registered it")
+    elif system and pmda_registered(conf):
+        _stop_pmda()
+        _clear_instances(conf)
+        if done.pinned_python:
+            _pin_interpreter(conf, done.pinned_python)
+        _signal_pmcd()
+        notes.append(
+            "PCP's openmetrics PMDA was registered before gpumon and stays (restarted without gpumon's)"
+        )
+    _manifest(pdir).unlink(missing_ok=True)
+    return removed, notes
+
+
+def _read_manifest(pdir: Path) -> Installed:
+    try:
+        doc = json.loads(_manifest(pdir).read_text())
+        pinned = doc.get("pinned_python")
+        return Installed(
+            [str(f) for f in doc.get("files", [])],
+            bool(doc.get("registered_pmda")),
+            pinned if isinstance(pinned, str) and pinned else None,
+        )
+    except (OSError, ValueError, AttributeError):
+        return Installed()
+
+
+def _settle_ctime(path: Path, data: bytes) -> None:
+    """pmdaopenmetrics re-reads a .url file when its ctime, in whole seconds, grows: a new URL
+    written within the same second as the old one would go unseen. Wait out that second."""
+    try:
+        st = path.stat()
+        if path.read_bytes() != data and int(st.st_ctime) >= int(time.time()):
+            time.sleep(1.0 - time.time() % 1.0 + 0.01)
+    except OSError:
+        pass
+
+
+def _write(path: Path, data: bytes, mode: int, hint: str | None) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(mode)
+        tmp.replace(path)
+    except OSError as e:
+        extra = f" (try {hint}, or run as root)" if hint else " (run as root)"
+        raise OutputError(f"{path}: cannot write: {e.strerror}{extra}") from None
+
+
+def _pmda_script(conf: dict[str, str], name: str) -> None:
+    d = Path(conf["PCP_PMDAS_DIR"]) / "openmetrics"
+    script = d / name
+    if not script.exists():
+        raise OutputError(f"{script}: missing: install PCP's openmetrics PMDA (package pcp, and python3-pcp)")
+    p = subprocess.run(
+        [str(script)],
+        cwd=d,
+        env={"PATH": CLEAN_PATH, "HOME": "/root", "LANG": "C"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if p.returncode != 0:
+        out = (p.stdout + p.stderr).splitlines()
+        said = [ln for ln in out if ln.strip() and "] pmdaopenmetrics(" not in ln]
+        raise OutputError(f"{script} failed (exit {p.returncode}): {' / '.join(said[-3:]) or 'no output'}")
+
+
+def probe(url: str, wait_s: float = 15.0) -> str:
+    """One line on whether PCP reads gpumon now: what `dstat --gpu` will show, and if blank, why."""
+    env = {"PATH": CLEAN_PATH, "LANG": "C"}
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            p = subprocess.run(
+                ["pmprobe", "-v", "openmetrics.gpumon.gpu.state"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"cannot ask PCP (pmprobe: {e}): is the pcp package installed?"
+        if p.returncode != 0:
+            # pmcd restarting (the PMDA's Install restarts it) refuses connections for a while
+            if time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            why = (p.stderr.strip().splitlines() or ["no answer"])[-1]
+            return f"pmcd does not answer ({why}): start it (`systemctl start pmcd`), then run `dstat --gpu`"
+        fields = p.stdout.split(maxsplit=2)
+        if len(fields) >= 2 and fields[1].lstrip("-").isdigit() and int(fields[1]) > 0:
+            return f"PCP reads {fields[1]} GPU(s) from gpumon serve at {url}: `dstat --gpu` shows them"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    asked = subprocess.run(
+        ["pminfo", "-f", "openmetrics.control.status"], env=env, capture_output=True, text=True, timeout=10
+    )
+    status = asked.stdout
+    if "Unknown metric name" in asked.stdout + asked.stderr or asked.returncode != 0:
+        return (
+            "PCP's openmetrics PMDA does not answer (it died at start, or pmcd has not started it): see "
+            "/var/log/pcp/pmcd/openmetrics.log and pmcd.log; `sudo gpumon dstat-plugin install --system` "
+            "again restarts it with PCP's own python3"
+        )
+    found = re.search(r'"gpumon"\] value "(.*)"', status)
+    why = found.group(1) if found else "the openmetrics PMDA has not read it yet"
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", why)
+    why = errno.group(1) if errno else re.sub(r"^failed to fetch URL or execute script \S+: ", "", why)[:200]
+    return (
+        f"PCP cannot read gpumon serve at {url} yet ({why}): `dstat --gpu` shows blank columns "
+        "until the daemon answers there"
+    )
+
+
+def _answers(url: str, basic_auth: str | None, timeout_s: float = 3.0) -> bool:
+    """Whether the daemon serves /metrics/pcp at `url` now (what the PMDA will read)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{url.rstrip('/')}/metrics/pcp")
+    if basic_auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(basic_auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            r.read(1 << 20)
+            return bool(r.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def _pcp_python(conf: dict[str, str]) -> str | None:
+    """PCP's interpreter (pcp.conf's PCP_PYTHON_PROG) by its absolute path in PCP's clean PATH."""
+    prog = conf.get("PCP_PYTHON_PROG") or "python3"
+    if os.path.isabs(prog):
+        return prog
+    return shutil.which(prog, path=CLEAN_PATH)
+
+
+def _pin_interpreter(conf: dict[str, str], to: str | None = None) -> str | None:
+    """Make pmcd.conf's openmetrics line start the PMDA with `to` (default PCP's interpreter by its
+    absolute path); returns the interpreter it named before, when it changed it."""
+    target = to or _pcp_python(conf)
+    path = Path(conf["PCP_PMCDCONF_PATH"])
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except OSError:
+        return None
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if fields[:1] != ["openmetrics"] or target is None:
+            continue
+        for j, word in enumerate(fields):
+            if word.endswith(PMDA_SCRIPT) and j > 0 and fields[j - 1] != target:
+                before = fields[j - 1]
+                lines[i] = line.replace(f"{before} {word}", f"{target} {word}", 1)
+                _write(path, "".join(lines).encode(), path.stat().st_mode & 0o777, None)
+                return before
+    return None
+
+
+def _pmda_domain(conf: dict[str, str]) -> str:
+    try:
+        for line in Path(conf["PCP_PMCDCONF_PATH"]).read_text().splitlines():
+            fields = line.split()
+            if fields[:1] == ["openmetrics"] and len(fields) > 1 and fields[1].isdigit():
+                return fields[1]
+    except OSError:
+        pass
+    return "144"
+
+
+def _clear_instances(conf: dict[str, str]) -> None:
+    """Forget the GPUs PCP's openmetrics PMDA has cached for gpumon's source (its cluster's
+    instance domains), so that a daemon with fewer GPUs than an earlier one shows only its own."""
+    cache = Path(conf.get("PCP_VAR_DIR", "/var/lib/pcp")) / "config" / "pmda"
+    domain = _pmda_domain(conf)
+    try:  # indom 0: a pickled list of source names, written by the PMDA in protocol 0 (text)
+        lines = (cache / f"{domain}.0.py").read_text().splitlines()
+    except OSError:
+        return
+    names = [ln.removeprefix("a")[1:] for ln in lines if ln.removeprefix("a").startswith("V")]
+    if "gpumon" not in names:
+        return
+    cluster = names.index("gpumon")
+    first = 4096 + cluster * CLUSTER_INDOMS
+    for serial in range(first, first + CLUSTER_INDOMS):
+        (cache / f"{domain}.{serial}.py").unlink(missing_ok=True)
+
+
+def _stop_pmda(wait_s: float = 10.0) -> None:
+    """End the running openmetrics PMDA (it saves its cache as it goes); pmcd starts it again on
+    its next SIGHUP (_signal_pmcd)."""
+    import signal
+
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if PMDA_SCRIPT.encode() in cmd:
+            pids.append(int(entry.name))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+        time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _signal_pmcd() -> None:
+    """SIGHUP to pmcd: it re-reads pmcd.conf and starts the PMDAs that are not running (what PCP's
+    pmsignal does; that lives outside PATH, in $PCP_BINADM_DIR)."""
+    import signal
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == "pmcd":
+                os.kill(int(entry.name), signal.SIGHUP)
+        except OSError:
+            continue
+
+
+def _register_pmda(conf: dict[str, str]) -> None:
+    _pmda_script(conf, "Install")
+
+
+def _unregister_pmda(conf: dict[str, str]) -> None:
+    _pmda_script(conf, "Remove")

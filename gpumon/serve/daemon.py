@@ -1,0 +1,319 @@
+"""`gpumon serve`: the daemon's wiring and lifecycle. A pipeline (gpumon.collect.pipeline) samples
+and judges; after each tick the daemon publishes an immutable Snapshot (gpumon.serve.snapshot), and
+everything it serves reads only that: the exposition (gpumon.serve.exposition, rendered once per
+snapshot), the state API, health, PCP's endpoint; the analysis API reads the flight recorder.
+
+Threads: the sampler ticks in its own (supervised) thread and publishes; HTTP requests run on one
+event loop (gpumon.serve.http); the main thread waits for signals with sigwait, so nothing wakes
+while idle: SIGTERM/SIGINT stop within 2 s, SIGHUP reloads the configuration. systemd hears READY
+once the first tick is published, WATCHDOG from the sampling loop while NVML gives fresh data (so a
+wedged sampler or a hung driver gets the service restarted), RELOADING and STOPPING.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gpumon.collect.pipeline import Pipeline
+from gpumon.collect.pipeline.sources import OpenedSources
+from gpumon.config.settings import SETTINGS, Config
+from gpumon.config.sources import attribution_spec, source_spec
+from gpumon.core.clock import Clock, MonotonicClock
+from gpumon.core.model import Tick
+from gpumon.core.problems import Problems
+from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
+from gpumon.serve import health
+from gpumon.serve.analysis_api import AnalysisApi
+from gpumon.serve.exposition import Exposition
+from gpumon.serve.http import Routes, WebServer
+from gpumon.serve.landing import landing_page
+from gpumon.serve.sdnotify import Notifier
+from gpumon.serve.signals import DAEMON_SIGNALS, block_signals, wake_main_thread
+from gpumon.serve.snapshot import GpuCounters, Snapshot, to_state_json
+from gpumon.serve.webconfig import load_web_config
+from gpumon.trace.recorder import Recorder, unix_offset_of
+from gpumon.trace.segments import default_directory
+
+log = logging.getLogger("gpumon")
+
+FIRST_TICK_S = 0.1
+"""The first sample comes this soon after start (later ones on the interval's grid)."""
+RECENT_EPISODES = 20
+"""Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: Config,
+        reload: Callable[[], Config] | None = None,
+        clock: Clock | None = None,
+        sources: OpenedSources | None = None,
+        notifier: Notifier | None = None,
+        problems: Problems | None = None,
+        duration_s: float | None = None,
+    ) -> None:
+        """`duration_s`: stop (exit 0) after this long on the sampler's clock (a demo, a
+        simulation at --speed max); by default, serve until told to stop."""
+        self.cfg = cfg
+        self.duration_s = duration_s
+        self._reload = reload
+        self.stop_event = threading.Event()
+        self.clock = clock or MonotonicClock()
+        self.notifier = notifier or Notifier()
+        self.web_config = load_web_config(cfg.web_config_file)
+        self.pipeline = Pipeline(
+            source_spec(cfg),
+            self.clock,
+            interval_s=cfg.interval_s,
+            thresholds=cfg.thresholds,
+            history_s=cfg.window_s,
+            retry_nvml=True,
+            nvml_call_timeout_s=cfg.nvml_call_timeout_s,
+            sources=sources,
+            problems=problems,
+            attribution=attribution_spec(cfg),
+        )
+        self.sampler = self.pipeline.sampler
+        self.detector = self.pipeline.detector
+        self.sources = self.pipeline.sources
+        self._unix_offset = unix_offset_of(self.clock, isinstance(self.clock, MonotonicClock))
+        self.recorder = self._recorder(cfg)
+        if self.recorder is not None:
+            self.pipeline.on_tick(self.recorder.submit)
+        self.pipeline.on_verdicts(self._publish)
+        self.snapshot: Snapshot | None = None
+        self.exposition = Exposition(lambda: self.snapshot, self.clock.now)
+        self.analysis = AnalysisApi(
+            self.recorder.directory if self.recorder is not None else None, lambda: self.cfg
+        )
+        self.freshness = health.NvmlFreshness(self.pipeline.spec.real_gpus, self.clock.now())
+        self._ready = threading.Event()
+        self.web: WebServer | None = None
+        self._sampler_thread: threading.Thread | None = None
+        self.failed = False
+        """The sampling loop died: the process must end with a failure (systemd restarts it)."""
+        self._closed_episodes: dict[tuple[int, str], tuple[int, tuple[Episode, ...]]] = {}
+        self._hostname = socket.gethostname()
+
+    def _recorder(self, cfg: Config) -> Recorder | None:
+        """The flight recorder (gpumon.trace.recorder): on for real GPUs unless `record = "off"`;
+        for simulated and replayed ones only when told where (record_dir) or `record = "on"`, so a
+        demo never mixes made-up samples into a machine's history."""
+        real = self.pipeline.spec.real_gpus
+        if cfg.record == "off" or (cfg.record == "auto" and not real and cfg.record_dir is None):
+            return None
+        real_time = isinstance(self.clock, MonotonicClock)
+        directory = cfg.record_dir or default_directory()
+        log.info("recording every sample to %s", directory)
+        return Recorder(
+            directory,
+            self.sources.description.to_json(),
+            cfg.interval_s,
+            self._unix_offset,
+            segment_s=cfg.record_segment_s,
+            max_age_s=cfg.record_max_age_s,
+            max_bytes=cfg.record_max_bytes,
+            block=not real_time,  # a simulation at full speed waits for the disk, losing nothing
+        )
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _publish(self, tick: Tick, verdicts: list[Verdict]) -> None:
+        counters = {
+            key: GpuCounters(
+                dict(det.seconds_in_state),
+                dict(det.starved_seconds_by_cause),
+                dict(det.episodes_started),
+                det.wasted_gpu_s,
+                self._recent_episodes(key, det),
+            )
+            for key, det in self.detector.fleet.gpus.items()
+        }
+        self.freshness.observe(tick, self.sampler.stats.get(self.sources.gpu.name))
+        self.snapshot = Snapshot(
+            t_s=tick.t_s,
+            tick=tick,
+            verdicts=tuple(verdicts),
+            counters=counters,
+            sources={k: replace(v) for k, v in self.sampler.stats.items()},
+            ticks=self.sampler.ticks,
+            skipped_ticks=self.sampler.skipped_ticks,
+            source_description=self.sources.description,
+            problems=self.pipeline.problems.active(),
+            problem_totals=dict(self.pipeline.problems.totals),
+            unix_offset_s=self._unix_offset(),
+            hostname=self._hostname,
+            recorder=self.recorder.stats() if self.recorder is not None else None,
+        )
+        if self.nvml_trouble(tick.t_s)[0] != "stale":
+            self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
+        if not self._ready.is_set():
+            self._ready.set()
+
+    def _recent_episodes(self, key: tuple[int, str], det: StarvationDetector) -> tuple[Episode, ...]:
+        """The last RECENT_EPISODES closed ones (copied only when one closed) and the open one."""
+        started = sum(det.episodes_started.values())
+        cached = self._closed_episodes.get(key)
+        if cached is None or cached[0] != started:
+            closed = tuple(itertools.islice(reversed(det.episodes), RECENT_EPISODES))[::-1]
+            cached = self._closed_episodes[key] = (started, closed)
+        current = det.current
+        return cached[1] + ((current,) if current is not None else ())
+
+    # -- what is served --------------------------------------------------------------------------
+
+    def nvml_trouble(self, now: float) -> tuple[str | None, str]:
+        return self.freshness.trouble(
+            now, self.cfg.nvml_stale_s, self.sampler.stats.get(self.sources.gpu.name)
+        )
+
+    def render_metrics(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str, str | None]:
+        return self.exposition.render(accept, gzip_ok)
+
+    def render_pcp(self) -> bytes:
+        from gpumon.serve import pcp  # PCP's dialect, for the few hosts that ask for it
+
+        return pcp.render(self.snapshot)
+
+    def state(self) -> dict[str, Any]:
+        snap = self.snapshot
+        if snap is None:
+            return {
+                "schema": "gpumon-state/1",
+                "ready": False,
+                "source": self.sources.description.to_json(),
+                "gpus": [],
+            }
+        doc = to_state_json(snap, self.clock.now() - snap.t_s)
+        doc["ready"] = True
+        doc["interval_s"] = self.cfg.interval_s
+        return doc
+
+    def health(self) -> tuple[bool, str]:
+        now = self.clock.now()
+        return health.health(self.snapshot, now, self.cfg.interval_s, self.nvml_trouble(now))
+
+    def landing(self) -> str:
+        return landing_page(self.sources.description.phrase())
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Start sampling and serving; returns the port (useful with port 0)."""
+        if self.recorder is not None:
+            self.recorder.start()
+        self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-loop", daemon=True)
+        self._sampler_thread.start()
+        port = self.start_http_only()
+        host = self.cfg.host_port[0]
+        scheme = "https" if self.web_config.tls else "http"
+        shown = f"[{host}]" if ":" in host else (host or "*")
+        log.info("serving on %s:%d (%s), sampling every %g s", shown, port, scheme, self.cfg.interval_s)
+        return port
+
+    def start_http_only(self) -> int:
+        """Serve what is already sampled; `start` adds the sampling thread (tests tick by hand)."""
+        routes = Routes(
+            self.render_metrics, self.state, self.health, self.landing, self.render_pcp, self.analysis.answer
+        )
+        self.web = WebServer(
+            self.cfg.host_port, routes, self.web_config, self.cfg.max_connections, self.cfg.request_timeout_s
+        )
+        self.web.start()
+        return self.web.port
+
+    def _sample(self) -> None:
+        try:
+            self.pipeline.run(self.duration_s, stop=self.stop_event, first_tick_s=FIRST_TICK_S)
+            if self.duration_s is not None and not self.stop_event.is_set():
+                log.info("ran for --duration %g s: stopping", self.duration_s)
+                self.stop_event.set()
+                wake_main_thread()
+                return
+            exhausted = self.sources.exhausted
+            if exhausted is not None and exhausted():
+                log.info("the replay ended: serving its last sample")
+                return
+        except Exception:  # a bug in the loop: exit so systemd restarts us, rather than serve stale data
+            log.exception("the sampler stopped")
+        if not self.stop_event.is_set():  # the loop ended without being asked to
+            self.failed = True
+            self.stop_event.set()
+            wake_main_thread()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait for the first published sample; a stop (SIGTERM during start-up) ends the wait."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.is_set() and not self.stop_event.is_set() and time.monotonic() < deadline:
+            self._ready.wait(0.05)
+        ok = self._ready.is_set()
+        if ok and self.snapshot is not None:
+            self.notifier.ready(f"sampling {len(self.snapshot.tick.gpus)} GPU(s)")
+        return ok
+
+    def reload(self) -> None:
+        if self._reload is None:
+            return
+        self.notifier.reloading()
+        try:
+            new = self._reload()
+            web = load_web_config(new.web_config_file)
+        except Exception as e:  # a bad file must not take the daemon down: keep the old settings
+            log.error("reload failed, keeping the running configuration: %s", e)
+            self.notifier.ready("reload failed")
+            return
+        changed = [
+            k for k, s in SETTINGS.items() if not s.spec.reloads and getattr(new, k) != getattr(self.cfg, k)
+        ]
+        if changed or web.tls != self.web_config.tls:
+            log.warning("reload: %s change only on restart", ", ".join(changed) or "turning TLS on or off")
+        self.pipeline.set_thresholds(new.thresholds)
+        logging.getLogger().setLevel(new.log_level.upper())
+        if self.web is not None:
+            self.web.reconfigure(web)
+        self.web_config = web
+        self.cfg = new
+        log.info("configuration reloaded")
+        self.notifier.ready("configuration reloaded")
+
+    def stop(self) -> None:
+        self.notifier.stopping()
+        self.stop_event.set()
+        if self.web is not None:
+            self.web.stop()
+        if self._sampler_thread is not None:
+            self._sampler_thread.join(timeout=1.5)
+        if self.recorder is not None:
+            self.recorder.close()  # what is queued is written, the segment ends whole
+        self.pipeline.close()
+
+
+def run_forever(daemon: Daemon) -> int:
+    """Serve until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code: 0 after a stop
+    asked for by a signal, 1 when the sampling loop died (systemd's Restart=on-failure)."""
+    block_signals()
+    daemon.start()
+    if (
+        not daemon.wait_ready(timeout=max(30.0, 10 * daemon.cfg.interval_s))
+        and not daemon.stop_event.is_set()
+    ):
+        log.warning("no sample yet after start: serving anyway")
+    while not daemon.stop_event.is_set():
+        sig = signal.sigwait(DAEMON_SIGNALS)
+        if sig == signal.SIGHUP:
+            daemon.reload()
+        elif sig in (signal.SIGTERM, signal.SIGINT):
+            daemon.stop_event.set()
+    start = time.monotonic()
+    daemon.stop()
+    log.info("stopped in %.2f s", time.monotonic() - start)
+    return 1 if daemon.failed else 0

@@ -1,0 +1,81 @@
+"""The Prometheus exposition of each snapshot, rendered once and served to every scraper.
+
+Only the sample age changes between two scrapes of one snapshot, so the text is rendered with a
+sentinel in the age's place and split around it: a scrape joins the two halves around the age
+(and, gzipped, finishes a copy of the compressor that already holds the first half).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import utils as _prom_utils
+from prometheus_client.exposition import choose_encoder
+
+from gpumon.serve.metrics import GpumonCollector
+from gpumon.serve.snapshot import Snapshot
+
+AGE_SENTINEL = 123456789.125
+"""Rendered in place of the sample age, which is filled in when a scraper asks."""
+
+
+def float_text(value: float) -> str:
+    """A number as the exposition formats write it (prometheus_client's own function)."""
+    return str(_prom_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """One snapshot's exposition in one format, split around the age (filled in per scrape)."""
+
+    stamp: int
+    content_type: str
+    head: bytes
+    tail: bytes
+    gz_head: bytes
+    gz_state: Any
+    """zlib compressor after `head`: a copy finishes the gzip stream with the age and tail."""
+    t_s: float
+
+
+class Exposition:
+    def __init__(self, snapshot: Callable[[], Snapshot | None], now: Callable[[], float]) -> None:
+        self._snapshot = snapshot
+        self._now = now
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GpumonCollector(snapshot, lambda snap: AGE_SENTINEL))
+        self._lock = threading.Lock()
+        self._rendered: dict[str, _Rendered] = {}
+
+    def render(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str, str | None]:
+        """(body, content type, content encoding) for this scrape: the snapshot's exposition,
+        rendered on the first scrape that asks for it; the sample age filled in now (so it stays
+        true when the sampler stops)."""
+        encoder, content_type = choose_encoder(accept)
+        snap = self._snapshot()
+        stamp = id(snap)
+        with self._lock:
+            r = self._rendered.get(content_type)
+            if r is None or r.stamp != stamp:
+                r = _split(encoder(self.registry), stamp, content_type, snap)
+                self._rendered[content_type] = r
+        age = b"" if snap is None else float_text(round(max(0.0, self._now() - r.t_s), 3)).encode()
+        if not gzip_ok:
+            return r.head + age + r.tail, content_type, None
+        c = r.gz_state.copy()
+        return r.gz_head + c.compress(age + r.tail) + c.flush(), content_type, "gzip"
+
+
+def _split(body: bytes, stamp: int, content_type: str, snap: Snapshot | None) -> _Rendered:
+    marker = float_text(AGE_SENTINEL).encode()
+    head, found, tail = body.partition(marker)
+    if not found or marker in tail:
+        head, tail = body, b""
+    comp = zlib.compressobj(6, zlib.DEFLATED, 31)
+    gz_head = comp.compress(head)
+    return _Rendered(stamp, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)

@@ -1,0 +1,600 @@
+"""The HTTP side of `gpumon serve`: /metrics, /api/v1/state, /healthz and a landing page.
+
+One asyncio event loop on its own thread serves every connection; requests are parsed by h11
+(python-hyper's HTTP/1.1 state machine), never by hand. What a hostile client can do is bounded:
+
+- A request's headers must arrive whole within `request_timeout_s` (a deadline for the whole
+  head, not per byte), and be at most 16 KiB; an idle keep-alive connection gets the same time.
+- An idle connection costs a socket and a coroutine, not a thread: thousands can wait. At
+  `max_connections`, the connection that has waited longest without sending a whole request is
+  closed to make room, so a crowd of slow clients never shuts out a real scraper.
+- Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
+  connection closed, so a body can never be read as a next request.
+- bcrypt runs on two worker threads, never on the event loop; each client address may have two
+  checks pending and the queue is bounded, so a flood of wrong passwords cannot starve scrapers
+  (whose credentials, once checked, are remembered by their SHA-256 and cost nothing).
+
+Each response is written in one piece with TCP_NODELAY, so a keep-alive client never waits on a
+delayed ACK. Requests only read the latest snapshot (rendered once per snapshot), so scrapes
+never call NVML. TLS and basic auth follow exporter-toolkit's web config file (gpumon.serve.webconfig).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import gzip
+import hashlib
+import json
+import logging
+import os
+import resource
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import h11
+
+from gpumon.serve.webconfig import WebConfig, WebConfigError
+
+log = logging.getLogger("gpumon.serve.http")
+
+MAX_HEADER_BYTES = 16 * 1024
+GZIP_MIN_BYTES = 1024
+BCRYPT_THREADS = 2
+BCRYPT_PENDING_PER_CLIENT = 2
+BCRYPT_QUEUE = 32
+BAD_CREDENTIALS_REMEMBERED = 4096
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+    encoding: str | None = None
+    """Set when `body` is already encoded (gzip) by the route."""
+
+
+@dataclass
+class Routes:
+    metrics: Callable[[str, bool], tuple[bytes, str, str | None]]
+    """(Accept header, gzip accepted) -> (body, content type, content encoding or None)."""
+    state: Callable[[], dict[str, Any]]
+    health: Callable[[], tuple[bool, str]]
+    landing: Callable[[], str]
+    pcp: Callable[[], bytes] | None = None
+    """/metrics/pcp: a few series in PCP's openmetrics dialect (gpumon.serve.pcp), for pcp-dstat."""
+    analysis: Callable[[str], Awaitable[tuple[int, bytes]]] | None = None
+    """/api/v1/analysis?QUERY: (status, JSON body); awaited on the event loop (it must not block)."""
+
+
+def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, (message + "\n").encode(), headers=headers)
+
+
+def accepts_gzip(header: str) -> bool:
+    """Accept-Encoding names gzip (or *) with a q-value above 0."""
+    for item in header.split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip().lower()
+            if q.startswith("q="):
+                try:
+                    return float(q[2:]) > 0
+                except ValueError:
+                    return False
+            return True
+    return False
+
+
+class Authenticator:
+    """Basic auth against bcrypt hashes, as exporter-toolkit checks it.
+
+    - An unknown user costs a bcrypt check too (against a hash of the same cost), so the time of
+      an answer does not tell which users exist.
+    - Checked credentials are remembered by SHA-256: good ones (a scraper sends the same every few
+      seconds) and a bounded number of bad ones (a flood repeating itself).
+    - bcrypt runs on a small pool of threads, never on the event loop, with a bounded queue and at
+      most BCRYPT_PENDING_PER_CLIENT checks pending per client address.
+    """
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self._users = dict(users)
+        self._good: set[bytes] = set()
+        self._bad: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: collections.Counter[str] = collections.Counter()
+        self._queued = 0
+        self._dummy: bytes | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users)
+
+    def _decode(self, header: str | None) -> tuple[str, bytes] | None:
+        if not header:
+            return None
+        scheme, _, value = header.strip().partition(" ")
+        if scheme.lower() != "basic":  # RFC 7617: the scheme name is case-insensitive
+            return None
+        try:
+            raw = base64.b64decode(value.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        user, sep, password = raw.partition(b":")
+        if not sep:
+            return None
+        try:
+            return user.decode("utf-8"), password
+        except UnicodeDecodeError:
+            return None
+
+    def _key(self, user: str, password: bytes) -> bytes:
+        return hashlib.sha256(user.encode() + b"\0" + password).digest()
+
+    def known(self, header: str | None) -> bool | None:
+        """True/False when the answer is known without bcrypt; None when bcrypt must decide."""
+        if not self._users:
+            return True
+        creds = self._decode(header)
+        if creds is None:
+            return False
+        key = self._key(*creds)
+        if key in self._good:
+            return True
+        if key in self._bad:
+            return False
+        return None
+
+    async def check(self, header: str | None, client: str) -> bool | None:
+        """The verdict; None when the bcrypt queue is full (answer 429, try later)."""
+        quick = self.known(header)
+        if quick is not None:
+            return quick
+        creds = self._decode(header)
+        assert creds is not None
+        if self._queued >= BCRYPT_QUEUE or self._pending[client] >= BCRYPT_PENDING_PER_CLIENT:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(BCRYPT_THREADS, thread_name_prefix="gpumon-bcrypt")
+        self._queued += 1
+        self._pending[client] += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self._bcrypt, *creds)
+        finally:
+            self._queued -= 1
+            self._pending[client] -= 1
+            if not self._pending[client]:
+                del self._pending[client]
+        key = self._key(*creds)
+        if ok:
+            self._good.add(key)
+        else:
+            self._bad[key] = None
+            while len(self._bad) > BAD_CREDENTIALS_REMEMBERED:
+                self._bad.popitem(last=False)
+        return ok
+
+    def _bcrypt(self, user: str, password: bytes) -> bool:
+        import bcrypt
+
+        hashed = self._users.get(user)
+        target = hashed if hashed is not None else self._dummy_hash()
+        try:
+            ok = bool(bcrypt.checkpw(password, target))
+        except ValueError:  # over 72 bytes (bcrypt >= 5 refuses them) or a broken hash
+            ok = False
+        return ok and hashed is not None
+
+    def _dummy_hash(self) -> bytes:
+        """A hash with the cost of the configured ones, for unknown users (made once)."""
+        if self._dummy is None:
+            import bcrypt
+
+            cost = int(next(iter(self._users.values()))[4:6])
+            self._dummy = bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(rounds=cost))
+        return self._dummy
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Conn:
+    """One client connection's bookkeeping, for the eviction rule."""
+
+    __slots__ = ("complete", "since", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.since = time.monotonic()
+        self.complete = False
+        """False while waiting for a whole request head (the ones evicted first)."""
+
+
+class WebServer:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        routes: Routes,
+        web: WebConfig,
+        max_connections: int = 4096,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.routes = routes
+        self.timeout_s = timeout_s
+        self.max_connections = _raise_fd_limit(max_connections)
+        self._web = web
+        self._ssl = web.ssl_context() if web.tls else None
+        self.auth = Authenticator(web.users)
+        self._conns: dict[asyncio.StreamWriter, _Conn] = {}
+        self.evicted = 0
+        self.refused = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        host, port = address
+        try:
+            self._sockets = _bind(host, port)
+        except OSError as e:
+            raise WebConfigError(f"listen {host or '*'}:{port}: {e.strerror}") from None
+
+    @property
+    def port(self) -> int:
+        return int(self._sockets[0].getsockname()[1])
+
+    def start(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+
+            async def serve() -> None:
+                self._server = await asyncio.start_server(
+                    self._client,
+                    sock=self._sockets[0],
+                    ssl=self._ssl_for_new_connections(),
+                    ssl_handshake_timeout=self.timeout_s if self._ssl else None,
+                    backlog=1024,
+                    limit=MAX_HEADER_BYTES * 2,
+                )
+                self._extra = [
+                    await asyncio.start_server(
+                        self._client,
+                        sock=s,
+                        ssl=self._ssl_for_new_connections(),
+                        ssl_handshake_timeout=self.timeout_s if self._ssl else None,
+                        backlog=1024,
+                    )
+                    for s in self._sockets[1:]
+                ]
+                ready.set()
+
+            self._loop.run_until_complete(serve())
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="gpumon-http", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+
+    def _ssl_for_new_connections(self) -> ssl.SSLContext | None:
+        return self._ssl
+
+    def reconfigure(self, web: WebConfig) -> None:
+        """SIGHUP: new users and certificates apply to new connections."""
+        ctx = web.ssl_context() if web.tls else None
+
+        def apply() -> None:
+            self._web = web
+            self.auth.close()
+            self.auth = Authenticator(web.users)
+            if ctx is not None and self._ssl is not None:
+                # the listening sockets keep their context object: load the new material into it
+                self._ssl.load_cert_chain(web.cert_file or "", web.key_file)
+
+        self._loop.call_soon_threadsafe(apply)
+
+    def stop(self) -> None:
+        """Stop listening, end every connection and the event loop (within about a second)."""
+        if self._thread is not None and self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(1.5)
+            except Exception:  # a stuck client must not hold up a stop: the loop ends anyway
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(2)
+            if not self._thread.is_alive():
+                self._loop.close()
+        else:
+            for s in self._sockets:
+                s.close()
+        self.auth.close()
+
+    async def _shutdown(self) -> None:
+        for server in [self._server, *getattr(self, "_extra", [])]:
+            if server is not None:
+                server.close()
+        for writer in list(self._conns):
+            writer.close()
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait(tasks, timeout=1.0) if tasks else None
+
+    # -- one connection ----------------------------------------------------------------------------
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self._conns) >= self.max_connections and not self._evict():
+            self.refused += 1
+            writer.write(_raw(503, "too many clients: try again\n"))
+            await _close(writer)
+            return
+        if not self._allowed_san(writer):
+            writer.write(_raw(403, "client certificate not allowed\n"))
+            await _close(writer)
+            return
+        conn = _Conn(writer)
+        self._conns[writer] = conn
+        peer = writer.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) else "?"
+        try:
+            await self._serve(reader, writer, conn, client)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError, OSError):
+            pass  # the client went away or misbehaved at the transport level: nothing to log
+        except asyncio.CancelledError:
+            pass  # the server is stopping
+        finally:
+            self._conns.pop(writer, None)
+            await _close(writer)
+
+    def _evict(self) -> bool:
+        """Close the connection that has waited longest for a whole request head."""
+        waiting = [c for c in self._conns.values() if not c.complete]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c.since)
+        self._conns.pop(oldest.writer, None)
+        oldest.writer.close()
+        self.evicted += 1
+        return True
+
+    def _allowed_san(self, writer: asyncio.StreamWriter) -> bool:
+        sans = self._web.client_allowed_sans
+        if not sans:
+            return True
+        cert = writer.get_extra_info("peercert") or {}
+        names = {
+            value
+            for kind, value in cert.get("subjectAltName", ())
+            if kind in ("DNS", "IP Address", "email", "URI")
+        }
+        return bool(names & set(sans))
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn, client: str
+    ) -> None:
+        h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        loop = asyncio.get_running_loop()
+        while True:
+            conn.complete = False
+            conn.since = time.monotonic()
+            deadline = loop.time() + self.timeout_s
+            try:
+                request = await self._next_request(h, reader, deadline)
+            except h11.RemoteProtocolError as e:
+                status = e.error_status_hint if e.error_status_hint in (400, 413, 414, 431) else 400
+                writer.write(_raw(status, f"bad request: {e}\n"))
+                await _drain(writer, self.timeout_s)
+                return
+            if request is None:
+                return  # closed, or the deadline for the request head passed
+            conn.complete = True
+            response, close = await self._respond(request, h, client)
+            data = self._encode(h, request, response, close)
+            writer.write(data)
+            await _drain(writer, self.timeout_s)
+            if close or h.our_state is h11.MUST_CLOSE:
+                return
+            try:
+                if h.their_state is h11.SEND_BODY and not isinstance(h.next_event(), h11.EndOfMessage):
+                    return  # (a bodiless request ends at once; anything else was refused above)
+                h.start_next_cycle()
+            except (h11.LocalProtocolError, h11.RemoteProtocolError):
+                return
+
+    async def _next_request(
+        self, h: h11.Connection, reader: asyncio.StreamReader, deadline: float
+    ) -> h11.Request | None:
+        loop = asyncio.get_running_loop()
+        while True:
+            event = h.next_event()
+            if isinstance(event, h11.Request):
+                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > MAX_HEADER_BYTES:  # a whole head that arrived at once is held to it too
+                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                return event
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                return None
+            if event is h11.NEED_DATA:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    data = await asyncio.wait_for(reader.read(8192), remaining)
+                except TimeoutError:
+                    return None
+                h.receive_data(data)  # b"" marks the end of the stream
+                continue
+            return None  # data before a request: not a request we serve
+
+    async def _respond(self, request: h11.Request, h: h11.Connection, client: str) -> tuple[Response, bool]:
+        """The response, and whether to close the connection after it."""
+        method = request.method.decode("ascii", "replace")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
+        if method not in ("GET", "HEAD"):
+            return _text(405, "only GET and HEAD", (("Allow", "GET, HEAD"),)), True
+        length = headers.get("content-length")
+        if "transfer-encoding" in headers or (length is not None and length.strip() != "0"):
+            return _text(413, "requests carry no body"), True
+        verdict = await self.auth.check(headers.get("authorization"), client)
+        if verdict is None:
+            return _text(
+                429, "too many authentication attempts: try again later", (("Retry-After", "1"),)
+            ), True
+        if not verdict:
+            return _text(401, "unauthorized", (("WWW-Authenticate", 'Basic realm="gpumon"'),)), False
+        path = request.target.decode("latin-1").split("?", 1)[0]
+        gz = accepts_gzip(headers.get("accept-encoding", ""))
+        routes = self.routes
+        if path == "/metrics":
+            body, ctype, encoding = routes.metrics(headers.get("accept", ""), gz)
+            return Response(200, body, ctype, encoding=encoding), False
+        if path == "/metrics/pcp" and routes.pcp is not None:
+            return Response(200, routes.pcp(), "text/plain; charset=utf-8"), False
+        if path == "/api/v1/state":
+            return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
+        if path == "/api/v1/analysis" and routes.analysis is not None:
+            query = request.target.decode("latin-1").partition("?")[2]
+            status, body = await routes.analysis(query)
+            extra = (("Retry-After", "10"),) if status in (429, 503) else ()
+            return Response(status, body, "application/json", headers=extra), False
+        if path in ("/healthz", "/-/healthy"):
+            ok, why = routes.health()
+            return _text(200 if ok else 503, why), False
+        if path == "/":
+            return Response(200, routes.landing().encode(), "text/html; charset=utf-8"), False
+        return _text(404, "not found: try /metrics, /api/v1/state or /healthz"), False
+
+    def _encode(self, h: h11.Connection, request: h11.Request, r: Response, close: bool) -> bytes:
+        body, encoding = r.body, r.encoding
+        gz = accepts_gzip(_header(request, b"accept-encoding"))
+        if encoding is None and gz and len(body) >= GZIP_MIN_BYTES:
+            body, encoding = gzip.compress(body, compresslevel=5, mtime=0), "gzip"
+        headers = [
+            ("Content-Type", r.content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("Server", "gpumon"),
+            *r.headers,
+            *self._web.headers,
+        ]
+        if encoding is not None:
+            headers.append(("Content-Encoding", encoding))
+        if r.encoding is not None or len(r.body) >= GZIP_MIN_BYTES:
+            headers.append(("Vary", "Accept-Encoding"))
+        if close:
+            headers.append(("Connection", "close"))
+        reason = HTTPStatus(r.status).phrase.encode() if r.status in HTTPStatus._value2member_map_ else b""
+        out = h.send(h11.Response(status_code=r.status, headers=headers, reason=reason)) or b""
+        if request.method != b"HEAD":
+            out += h.send(h11.Data(data=body)) or b""
+        out += h.send(h11.EndOfMessage()) or b""
+        return out
+
+
+def _header(request: h11.Request, name: bytes) -> str:
+    for k, v in request.headers:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return ""
+
+
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+
+
+def _raw(status: int, body: str) -> bytes:
+    """A response written outside h11's state machine (the request could not be parsed)."""
+    data = body.encode()
+    return (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\nServer: gpumon\r\n\r\n"
+    ).encode() + data
+
+
+async def _drain(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    await asyncio.wait_for(writer.drain(), timeout_s)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    try:
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+    except (ConnectionError, OSError, ssl.SSLError, TimeoutError):
+        pass
+
+
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets: one for an address; for an empty host, one dual-stack IPv6 socket that
+    takes IPv4 too (or an IPv4 one where the machine has no IPv6)."""
+    if host in ("", "*"):
+        if socket.has_ipv6:
+            try:
+                s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                s.bind(("::", port))
+                s.listen(1024)
+                s.setblocking(False)
+                return [s]
+            except OSError:
+                s.close()
+        host = "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM) if family == socket.AF_INET else None
+    addr: tuple[Any, ...] = infos[0][4] if infos else (host, port)
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
+        s.listen(1024)
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return [s]
+
+
+def _raise_fd_limit(max_connections: int) -> int:
+    """Make room for `max_connections` sockets (the soft limit is often 1024); when the hard
+    limit is lower, serve as many as it allows and say so."""
+    need = max_connections + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        allowed = max(1, soft - 64)
+        log.warning(
+            "max_connections %d needs %d open files but the limit is %d: serving at most %d clients",
+            max_connections,
+            need,
+            soft,
+            allowed,
+        )
+        return allowed
+    return max_connections

@@ -1,5 +1,0 @@
-"""Sources: the only code that touches drivers, the OS or files.
-
-Each yields plain samples from `gpumon.model`. `nvml` is the only module importing `pynvml`,
-`host` the only one importing `psutil`; the simulator feeds both through look-alike modules.
-"""

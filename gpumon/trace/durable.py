@@ -1,0 +1,74 @@
+"""Durable writing: a file written whole record by whole record, each handed to the OS at once
+(a process killed at any moment leaves every earlier record on disk), fsync'd every few seconds and
+at close (a power loss costs at most that much). Both trace versions write through it."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import BinaryIO
+
+from gpumon.core.errors import OutputError
+
+FSYNC_EVERY_S = 5.0
+
+
+class DurableFile:
+    def __init__(self, path: str, *, force: bool = False, fsync_every_s: float = FSYNC_EVERY_S) -> None:
+        """Create `path` (refused when it exists, unless `force`)."""
+        self.path = path
+        self.bytes = 0
+        self.failed = False
+        """A write failed (disk full): `close` then only releases the file."""
+        self._fsync_every_s = fsync_every_s
+        self._last_fsync = time.monotonic()
+        try:
+            self._f: BinaryIO = open(path, "wb" if force else "xb")
+        except FileExistsError:
+            raise OutputError(
+                f"{path}: already exists; choose another -o or pass --force to overwrite it"
+            ) from None
+        except OSError as e:
+            raise OutputError(f"{path}: cannot create: {e.strerror}") from None
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def write(self, data: bytes) -> None:
+        """Hand `data` to the OS now; fsync when the last one is `fsync_every_s` old."""
+        try:
+            self._f.write(data)
+            self._f.flush()
+            self.bytes += len(data)
+            now = time.monotonic()
+            if now - self._last_fsync >= self._fsync_every_s:
+                os.fsync(self._f.fileno())
+                self._last_fsync = now
+        except OSError as e:
+            self.failed = True
+            raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
+
+    def close(self, last: bytes = b"") -> None:
+        """Write `last` (unless a write failed), fsync and close. After a failed write, only release
+        the file: the error a user sees is that first one, not a second from here."""
+        if self._f.closed:
+            return
+        try:
+            if not self.failed:
+                if last:
+                    self.write(last)
+                os.fsync(self._f.fileno())
+        except OSError as e:
+            self.failed = True
+            raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
+        finally:
+            try:
+                self._f.close()
+            except OSError as e:
+                if not self.failed:
+                    self.failed = True
+                    raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None

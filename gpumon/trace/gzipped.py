@@ -1,0 +1,85 @@
+"""Version 2's container: JSON records in one gzip stream (zlib level 6), each made decodable on
+disk as it is written (a sync flush), and read back line by line with bounded memory."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from gpumon.trace.durable import FSYNC_EVERY_S, DurableFile
+
+LEVEL = 6
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class GzipRecordWriter:
+    """Writes JSON records into one gzip stream, each made decodable on disk when written (a sync
+    flush, then a durable write); the stream's end (CRC and length) at `finish`."""
+
+    def __init__(self, path: str, *, force: bool = False, fsync_every_s: float = FSYNC_EVERY_S) -> None:
+        self._file = DurableFile(path, force=force, fsync_every_s=fsync_every_s)
+        self.path = path
+        self._z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
+
+    @property
+    def failed(self) -> bool:
+        return self._file.failed
+
+    def write(self, line: bytes) -> None:
+        self._file.write(self._z.compress(line) + self._z.flush(zlib.Z_SYNC_FLUSH))
+
+    def finish(self) -> None:
+        """Close the gzip stream and the file."""
+        if self._file.closed:
+            return
+        self._file.close(b"" if self._file.failed else self._z.flush(zlib.Z_FINISH))
+
+    @property
+    def bytes(self) -> int:  # after the methods: it shadows the type's name in the class body
+        return self._file.bytes
+
+
+CHUNK = 4096
+MAX_PENDING = 16 * 1024 * 1024 + 1
+
+
+class GzipLines:
+    """The lines of a gzip stream as (raw_line, offset), offset being the compressed byte the
+    stream had reached; memory stays bounded (a line is cut at MAX_PENDING bytes). A torn stream (a
+    killed writer) gives its whole lines, then its partial last one without a newline; afterwards
+    `trailer_seen` says whether the stream ended properly. Corrupt data raises zlib.error with
+    `.offset` set."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.trailer_seen = False
+        self.offset = 0
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        z = zlib.decompressobj(31)
+        pending = b""
+        while chunk := self._f.read(CHUNK):
+            data = chunk
+            while data:
+                try:
+                    pending += z.decompress(data, MAX_PENDING)
+                except zlib.error as e:
+                    e.offset = self.offset  # type: ignore[attr-defined]
+                    raise
+                data = z.unconsumed_tail
+                while (nl := pending.find(b"\n")) >= 0:
+                    yield pending[: nl + 1], self.offset
+                    pending = pending[nl + 1 :]
+                if len(pending) >= MAX_PENDING:
+                    yield pending, self.offset
+                    return
+                if z.eof and (rest := z.unused_data + data).strip(b"\0"):
+                    # another gzip member follows (files joined): read on; the reader refuses
+                    # the second header it holds
+                    z = zlib.decompressobj(31)
+                    data = rest
+            self.offset += len(chunk)
+        self.trailer_seen = z.eof
+        if pending:
+            yield pending, self.offset

@@ -1,0 +1,271 @@
+"""Reading traces, either version, with one set of rules (docs/trace-format.md): line 1 a header,
+then one `tick` record per sampler tick, then an `end` record when the recording stopped cleanly.
+A partial last line (a killed recorder) is dropped with a warning; anything else malformed is an
+error naming the file and where (gpumon.core.errors.TraceError, exit 4).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.core.errors import TraceError
+from gpumon.core.model import Tick
+from gpumon.trace.compact import Decoder
+from gpumon.trace.gzipped import GZIP_MAGIC, GzipLines
+from gpumon.trace.records import (
+    FORMAT,
+    MAX_GAP_S,
+    MAX_INTERVAL_S,
+    MAX_LINE_BYTES,
+    MIN_INTERVAL_S,
+    VERSION,
+    BadRecord,
+    tick_from_dict,
+)
+
+
+@dataclass
+class Trace:
+    path: str
+    header: dict[str, Any]
+    ticks: list[Tick]
+    end: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_count(self) -> int:
+        return max((len(t.gpus) for t in self.ticks), default=0)
+
+    @property
+    def duration_s(self) -> float:
+        return self.ticks[-1].t_s - self.ticks[0].t_s if len(self.ticks) > 1 else 0.0
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (RFC 8259); Python's parser takes them unless told."""
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number that does not fit a double (1e999) would become infinity: refused too."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
+def iter_trace(
+    path: str, warnings: list[str] | None = None, wanted: Callable[[int], bool] | None = None
+) -> Iterator[dict[str, Any] | Tick]:
+    """Yield the header dict, then Ticks, then the end dict if present. Either version.
+
+    Rules (documented in docs/trace-format.md): a partial last line (a killed recorder) is dropped
+    with a warning; a tick whose t_s equals the previous one is dropped with a warning; a tick that
+    goes back in time, a line that is not JSON elsewhere, or a malformed record is an error naming
+    the line (version 2: the record and the compressed byte offset). Unknown record types and
+    unknown fields are ignored (forward compatibility).
+    """
+    reader = _Reader(path, warnings if warnings is not None else [])
+    reader.wanted = wanted
+    try:
+        f = open(path, "rb")
+    except IsADirectoryError:
+        raise TraceError(
+            path, None, "a directory: name a trace file (analyze --from DIR reads a directory)"
+        ) from None
+    except OSError as e:
+        raise TraceError(path, None, f"cannot open: {e.strerror}") from None
+    with f:
+        if f.read(2) == GZIP_MAGIC:
+            f.seek(0)
+            yield from _iter_gzip(f, reader)
+            return
+        f.seek(0)
+        lineno = 0
+        for raw in f:
+            lineno += 1
+            if raw.endswith(b"\n"):
+                yield from reader.parse(lineno, raw)
+                continue
+            # Only the last line can lack its newline: a recorder killed mid-write.
+            try:
+                yield from reader.parse(lineno, raw)
+            except TraceError:
+                if lineno == 1:
+                    raise
+                reader.warnings.append(f"{path}:{lineno}: partial last line dropped (recorder was killed?)")
+        if lineno == 0:
+            raise TraceError(path, None, "empty file: not a gpumon trace")
+
+
+def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
+    path = reader.path
+    lines = GzipLines(f)
+    lineno = 0
+    try:
+        for raw, offset in lines:
+            lineno += 1
+            reader.offset = offset
+            if raw.endswith(b"\n"):
+                yield from reader.parse(lineno, raw)
+                continue
+            try:
+                yield from reader.parse(lineno, raw)
+            except TraceError:
+                if lineno == 1:
+                    raise
+                reader.warnings.append(
+                    f"{path}: record {lineno} (byte {offset}): partial last record dropped "
+                    "(recorder was killed?)"
+                )
+    except zlib.error as e:
+        where = getattr(e, "offset", lines.offset)
+        if lineno == 0:
+            raise TraceError(
+                path, None, f"byte {where}: not a gpumon trace (corrupt gzip data: {e})"
+            ) from None
+        raise TraceError(
+            path, None, f"byte {where}: corrupt compressed data after record {lineno} ({e})"
+        ) from None
+    except EOFError:
+        pass
+    if lineno == 0:
+        raise TraceError(path, None, "empty compressed stream: not a gpumon trace")
+    if not lines.trailer_seen:
+        reader.warnings.append(
+            f"{path}: the compressed stream stops at byte {lines.offset} without its end "
+            "(the recorder was killed?): read to its last whole record"
+        )
+
+
+class _Reader:
+    def __init__(self, path: str, warnings: list[str]) -> None:
+        self.path = path
+        self.warnings = warnings
+        self.last_t: float | None = None
+        self.decoder: Any = None
+        """Set by a version 2 header: turns its compact tick records back into version 1's."""
+        self.offset: int | None = None
+        """Version 2: the compressed byte reached, named in errors."""
+        self.wanted: Callable[[int], bool] | None = None
+        """Only these GPU indices are read (analyze --gpu, and a worker's share)."""
+
+    def _error(self, lineno: int, reason: str) -> TraceError:
+        if self.offset is None:
+            return TraceError(self.path, lineno, reason)
+        return TraceError(self.path, None, f"record {lineno} (byte {self.offset}): {reason}")
+
+    def parse(self, lineno: int, raw: bytes) -> Iterator[dict[str, Any] | Tick]:
+        path = self.path
+        if len(raw) > MAX_LINE_BYTES:
+            raise self._error(lineno, f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES} are read)")
+        try:
+            record = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+        except UnicodeDecodeError:
+            raise self._error(lineno, "not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise self._error(lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except _NonFinite as e:
+            raise self._error(lineno, f"not valid JSON: {e} is not a number JSON allows") from None
+        except RecursionError:
+            raise self._error(lineno, "JSON nested too deeply to be a gpumon record") from None
+        if not isinstance(record, dict):
+            raise self._error(lineno, "each line must be a JSON object")
+        kind = record.get("type")
+        if lineno > 1 and kind is None and self.decoder is not None:
+            try:
+                record = self.decoder.decode(record)
+            except BadRecord as e:
+                raise self._error(lineno, str(e)) from None
+            kind = "tick"
+        elif kind == "tick" and self.decoder is not None:
+            return  # version 2 ticks carry no type: this is some other record, ignored
+        if lineno == 1:
+            yield self._header(lineno, record)
+        elif kind == "tick":
+            try:
+                tick = tick_from_dict(record, self.wanted)
+            except BadRecord as e:
+                raise self._error(lineno, str(e)) from None
+            if self.last_t is not None and tick.t_s < self.last_t:
+                raise self._error(
+                    lineno, f"t_s {tick.t_s:g} goes back in time (previous tick was at {self.last_t:g})"
+                )
+            if self.last_t is not None and tick.t_s - self.last_t > MAX_GAP_S:
+                raise self._error(
+                    lineno,
+                    f"t_s {tick.t_s:g} is {tick.t_s - self.last_t:g} s after the previous tick, more "
+                    f"than the largest gap read ({MAX_GAP_S / 86400:g} days): a corrupt t_s, or two "
+                    "recordings joined",
+                )
+            if self.last_t is not None and tick.t_s == self.last_t:
+                self.warnings.append(f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
+                return
+            self.last_t = tick.t_s
+            yield tick
+        elif kind == "end":
+            yield record
+        elif kind == "header":
+            raise self._error(lineno, "a second header: two traces concatenated?")
+        # unknown record types: ignored, for forward compatibility
+
+    def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("type") != "header" or record.get("format") != FORMAT:
+            raise self._error(lineno, f"not a gpumon trace (line 1 must be a {FORMAT} header)")
+        version = record.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise self._error(lineno, f"invalid trace version {version!r}")
+        if version > VERSION:
+            raise self._error(
+                lineno, f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon"
+            )
+        if version == 2:  # compact ticks (also read from a zcat'd copy, and v1 from a gzipped one)
+            self.decoder = Decoder()
+        source = record.get("source", {})
+        if not isinstance(source, dict):
+            raise self._error(lineno, f"header field 'source' must be an object, got {type(source).__name__}")
+        interval = record.get("interval_s")
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S
+        ):
+            raise self._error(
+                lineno,
+                f"header field 'interval_s' must be a number from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}, "
+                f"got {interval!r}",
+            )
+        for key in ("started_unix_s",):
+            value = record.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise self._error(lineno, f"header field {key!r} must be a number, got {value!r}")
+        return record
+
+
+def read_trace(path: str) -> Trace:
+    warnings: list[str] = []
+    header: dict[str, Any] | None = None
+    ticks: list[Tick] = []
+    end = None
+    for item in iter_trace(path, warnings):
+        if isinstance(item, Tick):
+            ticks.append(item)
+        elif item.get("type") == "header":
+            header = item
+        else:
+            end = item
+    assert header is not None
+    if end is None:
+        warnings.append(
+            f"{path}: no end record: the recording did not stop cleanly ({len(ticks)} ticks kept)"
+        )
+    return Trace(path=path, header=header, ticks=ticks, end=end, warnings=warnings)

@@ -1,0 +1,316 @@
+"""The daemon's flight recorder: every tick the detector sees, kept on disk in trace format 2.
+
+Segments: one trace file per `segment_s` of the samples' wall-clock time, aligned to it (hourly by
+default: `gpumon-20261130T140000Z.jsonl.gz` holds 14:00 to 15:00 UTC), each a standalone trace that
+`gpumon analyze FILE` reads, all of them what `gpumon analyze --from DIR` reads. A segment also
+ends early at a tenth of `max_bytes`, so retention never has to delete the one being written.
+
+Retention, after each rotation and once a minute: the oldest segments go while all their samples
+are older than `max_age_s`, or while the segments together exceed `max_bytes`. Only files named as
+segments are ever deleted.
+
+Writing happens in the recorder's own thread, from a bounded queue: a slow or hung disk never holds
+up the sampler (a tick that finds the queue full is dropped, and counted). A write that fails (disk
+full, directory removed or unwritable) pauses recording: logged once, counted, the broken segment
+closed (it reads up to its last whole record); every RETRY_S a new segment is tried, and recording
+resumes (logged) when it opens and takes a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpumon.core.errors import OutputError
+from gpumon.core.model import Tick
+from gpumon.trace.records import make_header
+from gpumon.trace.segments import list_segments, segment_name
+from gpumon.trace.writer import TraceWriterV2
+
+log = logging.getLogger("gpumon")
+
+RETRY_S = 30.0
+RETENTION_EVERY_S = 60.0
+QUEUE_TICKS = 600
+
+
+@dataclass(frozen=True)
+class RecorderStats:
+    """What `gpumon_recorder_*` and the state API say about the recorder."""
+
+    directory: str
+    up: bool
+    bytes_written: int = 0
+    segments: int = 0
+    disk_bytes: int = 0
+    oldest_unix_s: float | None = None
+    newest_unix_s: float | None = None
+    errors: int = 0
+    dropped_ticks: int = 0
+    paused_reason: str | None = None
+
+
+class Recorder:
+    def __init__(
+        self,
+        directory: str,
+        source: dict[str, Any],
+        interval_s: float,
+        unix_offset: Callable[[], float],
+        *,
+        segment_s: float = 3600.0,
+        max_age_s: float = 7 * 86400.0,
+        max_bytes: int = 2_000_000_000,
+        block: bool = False,
+        queue_ticks: int = QUEUE_TICKS,
+        open_writer: Callable[[str, dict[str, Any], float], TraceWriterV2] | None = None,
+    ) -> None:
+        """`unix_offset()`: add to a tick's t_s for Unix time. `block`: wait for room in the queue
+        instead of dropping a tick (a simulation at full speed, where nothing is real-time)."""
+        self.directory = directory
+        self._source = source
+        self._interval_s = interval_s
+        self._unix_offset = unix_offset
+        self.segment_s = segment_s
+        self.max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self._block = block
+        self._open_writer = open_writer or (
+            lambda path, header, origin: TraceWriterV2(path, header, origin_s=origin)
+        )
+        self._queue: queue.Queue[Tick | None] = queue.Queue(maxsize=queue_ticks)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stats = RecorderStats(directory, up=True)
+        self._writer: TraceWriterV2 | None = None
+        self._bucket: int | None = None
+        self._seg_start_unix = 0.0
+        self._written_before = 0
+        self._paused_since: float | None = None
+        self._retry_at = 0.0
+        self._not_recorded = 0
+        self._last_retention: float | None = None
+        self._closed_bytes = 0
+        """Bytes of the segments this recorder wrote and closed."""
+        self._newest_unix = 0.0
+
+    # -- the sampler's side ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpumon-recorder", daemon=True)
+        self._thread.start()
+
+    def submit(self, tick: Tick) -> None:
+        """From the sampler, after each tick: never waits on the disk (unless `block`)."""
+        try:
+            if self._block:
+                self._queue.put(tick)
+            else:
+                self._queue.put_nowait(tick)
+        except queue.Full:
+            with self._lock:
+                self._stats = replace(self._stats, dropped_ticks=self._stats.dropped_ticks + 1)
+
+    def flush(self) -> None:
+        """Wait until every submitted tick is on its way to disk (tests, shutdown)."""
+        self._queue.join()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Write what is queued, end the segment cleanly, stop the thread."""
+        if self._thread is None:
+            return
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            log.warning("recorder: the disk is too slow to take the last ticks: they are dropped")
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    def stats(self) -> RecorderStats:
+        with self._lock:
+            return self._stats
+
+    # -- the recorder's thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            tick = self._queue.get()
+            try:
+                if tick is None:
+                    self._end_segment("stopped")
+                    return
+                self._record(tick)
+            except Exception:  # a bug here must not take the daemon down: stop recording, say so
+                log.exception("recorder: stopped by an internal error")
+                self._set(up=False, paused_reason="internal error (see the log)")
+                self._end_segment(None)
+                self._drain()
+                return
+            finally:
+                self._queue.task_done()
+
+    def _drain(self) -> None:
+        while True:
+            tick = self._queue.get()
+            self._queue.task_done()
+            if tick is None:
+                return
+
+    def _record(self, tick: Tick) -> None:
+        unix = tick.t_s + self._unix_offset()
+        self._newest_unix = unix
+        if self._paused_since is not None and unix < self._retry_at:
+            self._not_recorded += 1
+            self._dropped(1)
+            return
+        bucket = int(unix // self.segment_s)
+        writer = self._writer
+        if writer is not None and (
+            bucket != self._bucket or writer.bytes >= max(1_000_000, self.max_bytes // 10)
+        ):
+            self._end_segment("rotated")
+            writer = None
+        try:
+            if writer is None:
+                writer = self._new_segment(tick, unix, bucket)
+            writer.write_tick(tick)
+        except OutputError as e:
+            self._pause(unix, e)
+            return
+        if self._paused_since is not None:
+            log.info(
+                "recorder: resumed in %s after %.0f s; %d tick(s) were not recorded",
+                self.directory,
+                unix - self._paused_since,
+                self._not_recorded,
+            )
+            self._paused_since = None
+            self._not_recorded = 0
+        with self._lock:
+            self._stats = replace(
+                self._stats,
+                up=True,
+                paused_reason=None,
+                bytes_written=self._closed_bytes + writer.bytes,
+                newest_unix_s=unix,
+            )
+        if self._last_retention is None or unix - self._last_retention >= RETENTION_EVERY_S:
+            self._retention(unix)
+
+    def _new_segment(self, tick: Tick, unix: float, bucket: int) -> TraceWriterV2:
+        try:
+            os.makedirs(self.directory, mode=0o750, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
+        origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
+        header = make_header(self._source, self._interval_s)
+        header["started_unix_s"] = round(unix - self._interval_s, 6)
+        n = 0
+        while True:
+            path = os.path.join(self.directory, segment_name(unix, n))
+            try:
+                writer = self._open_writer(path, header, origin)
+                break
+            except OutputError:
+                if not os.path.exists(path) or n >= 100:
+                    raise
+                n += 1  # a segment from a run that started within the same second
+        self._writer = writer
+        self._bucket = bucket
+        self._seg_start_unix = unix
+        self._retention(unix)
+        return writer
+
+    def _end_segment(self, reason: str | None) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        self._writer = None
+        try:
+            writer.close(writer.last_t_s, reason if not writer.failed else None)
+        except OutputError as e:
+            self._error(f"{e}")
+        self._closed_bytes += writer.bytes
+        with self._lock:
+            self._stats = replace(self._stats, bytes_written=self._closed_bytes)
+        self._retention(self._newest_unix)
+
+    def _pause(self, unix: float, e: OutputError) -> None:
+        reason = str(e).split("; the ", 1)[0]
+        if self._paused_since is None:
+            log.warning(
+                "recorder: paused: %s; serving and the detector go on; retrying every %g s", reason, RETRY_S
+            )
+            self._paused_since = unix
+        self._retry_at = unix + RETRY_S
+        self._not_recorded += 1
+        self._dropped(1)
+        self._error(reason)
+        w = self._writer
+        self._writer = None
+        if w is not None:
+            try:
+                w.close(None, None)  # release the file; it reads to its last whole record
+            except OutputError:
+                pass
+            self._closed_bytes += w.bytes
+
+    def _error(self, reason: str) -> None:
+        with self._lock:
+            self._stats = replace(self._stats, up=False, paused_reason=reason, errors=self._stats.errors + 1)
+
+    def _dropped(self, n: int) -> None:
+        with self._lock:
+            self._stats = replace(self._stats, dropped_ticks=self._stats.dropped_ticks + n)
+
+    def _set(self, **kw: Any) -> None:
+        with self._lock:
+            self._stats = replace(self._stats, **kw)
+
+    def _retention(self, now_unix: float) -> None:
+        """Delete the oldest segments while all their samples are older than max_age_s, or while
+        the segments together exceed max_bytes; never the one being written."""
+        self._last_retention = now_unix
+        current = self._writer.path if self._writer is not None else None
+        segments = list_segments(self.directory)
+        total = sum(s.bytes for s in segments)
+        kept = []
+        for i, seg in enumerate(segments):
+            if seg.path == current:
+                kept.append(seg)
+                continue
+            ends = segments[i + 1].start_unix_s if i + 1 < len(segments) else now_unix
+            too_old = ends < now_unix - self.max_age_s
+            if (too_old or total > self.max_bytes) and not kept:
+                try:
+                    os.unlink(seg.path)
+                    total -= seg.bytes
+                    continue
+                except FileNotFoundError:
+                    total -= seg.bytes
+                    continue
+                except OSError as e:
+                    self._error(f"{seg.path}: cannot delete: {e.strerror}")
+            kept.append(seg)
+        with self._lock:
+            self._stats = replace(
+                self._stats,
+                segments=len(kept),
+                disk_bytes=total,
+                oldest_unix_s=kept[0].start_unix_s if kept else None,
+            )
+
+
+def unix_offset_of(clock: Any, real_time: bool) -> Callable[[], float]:
+    """Tick time -> Unix time: followed live on a real clock (wall-clock steps are seen), fixed at
+    start on a simulated one (whose time runs at its own pace)."""
+    if real_time:
+        return lambda: time.time() - clock.now()
+    fixed = time.time() - clock.now()
+    return lambda: fixed

@@ -1,0 +1,120 @@
+"""Writing traces: version 1 (JSON Lines) and version 2 (compact records in one gzip stream), one
+record per line, each handed to the OS whole (gpumon.trace.durable), so a recorder killed at any
+moment leaves every earlier record readable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpumon.core.errors import OutputError
+from gpumon.core.model import Tick
+from gpumon.trace.compact import Encoder
+from gpumon.trace.durable import FSYNC_EVERY_S, DurableFile
+from gpumon.trace.gzipped import GzipRecordWriter
+from gpumon.trace.records import VERSION, tick_to_dict
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+class TraceWriter:
+    """Version 1: a JSON line per record."""
+
+    def __init__(
+        self, path: str, header: dict[str, Any], *, force: bool = False, fsync_every_s: float = FSYNC_EVERY_S
+    ) -> None:
+        self.path = path
+        self.ticks = 0
+        self._out = DurableFile(path, force=force, fsync_every_s=fsync_every_s)
+        self._write({**header, "version": 1})
+
+    @property
+    def failed(self) -> bool:
+        """A write failed (disk full): close() then only releases the file."""
+        return self._out.failed
+
+    def _write(self, record: dict[str, Any]) -> None:
+        try:
+            self._out.write(_line(record))
+        except OutputError as e:
+            raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
+
+    def write_tick(self, tick: Tick) -> None:
+        self._write(tick_to_dict(tick))
+        self.ticks += 1
+
+    def close(self, t_s: float | None, reason: str | None) -> None:
+        """Write the end record (none when `reason` is None) and close. After a failed write, only
+        release the file: the error the user sees is that first one (exit 5), not a second from here."""
+        end = b""
+        if reason is not None and not self._out.failed:
+            end = _line({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
+        self._out.close(end)
+
+
+class TraceWriterV2:
+    """Version 2: the same records, compact, in one gzip stream flushed after every record."""
+
+    def __init__(
+        self,
+        path: str,
+        header: dict[str, Any],
+        *,
+        force: bool = False,
+        fsync_every_s: float = FSYNC_EVERY_S,
+        origin_s: float = 0.0,
+    ) -> None:
+        """`origin_s`: the caller's clock at the file's t_s 0 (the daemon's recorder starts each
+        segment's times afresh)."""
+        self.path = path
+        self.ticks = 0
+        self.last_t_s: float | None = None
+        """The file's own time of the last tick written."""
+        self._origin = origin_s
+        self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
+        self._enc = Encoder(origin_s)
+        self._write({**header, "version": 2})
+
+    @property
+    def failed(self) -> bool:
+        return self._out.failed
+
+    @property
+    def bytes(self) -> int:
+        return self._out.bytes
+
+    def _write(self, record: dict[str, Any]) -> None:
+        try:
+            self._out.write(_line(record))
+        except OutputError as e:
+            raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
+
+    def write_tick(self, tick: Tick) -> None:
+        self._write(self._enc.encode(tick))
+        self.ticks += 1
+        self.last_t_s = round(tick.t_s - self._origin, 6)
+
+    def close(self, t_s: float | None, reason: str | None) -> None:
+        """`t_s` on the file's own clock (`last_t_s`); no end record when `reason` is None."""
+        try:
+            if not self._out.failed and reason is not None:
+                self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
+        finally:
+            self._out.finish()
+
+
+def open_writer(
+    path: str, header: dict[str, Any], version: int, *, force: bool = False
+) -> TraceWriter | TraceWriterV2:
+    if version == 1:
+        return TraceWriter(path, {**header, "version": 1}, force=force)
+    return TraceWriterV2(path, header, force=force)
+
+
+def version_for(path: str, asked: int | None) -> int:
+    """The version `record -o PATH` writes: as asked, else 1 for a `.jsonl` name, else 2."""
+    if asked is not None:
+        return asked
+    return 1 if path.endswith(".jsonl") else VERSION
