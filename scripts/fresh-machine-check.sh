@@ -42,11 +42,11 @@ bind /proc; bind /sys; bind /dev; bind /dev/pts
 for conf in /etc/pip.conf /etc/xdg/pip /root/.config/pip; do
   [ -e "$conf" ] && { mkdir -p "$root$(dirname "$conf")"; cp -r "$conf" "$root$conf"; }
 done
+cert=""
 if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
-  # this machine reaches its package index through a CA of its own: the root trusts it too
-  mkdir -p "$root$(dirname "$PIP_CERT")"
-  cp "$PIP_CERT" "$root$PIP_CERT.gpumon-check"
-  chroot "$root" sh -c "cat '$PIP_CERT.gpumon-check' >>'$PIP_CERT' && rm '$PIP_CERT.gpumon-check'"
+  # this machine reaches its package index through a CA of its own: pip in the root trusts it too
+  cert=/etc/gpumon-check-pip-ca.pem
+  cp "$PIP_CERT" "$root$cert"
 fi
 for dir in ${PIP_FIND_LINKS:-} /opt/wheels /opt/pypi /opt/pypi-more; do
   [ -d "$dir" ] && bind "$dir" ro
@@ -57,7 +57,7 @@ echo "== ./scripts/test.sh in the chroot (no systemd running there)" >&2
 status=0
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  ${PIP_FIND_LINKS:+PIP_FIND_LINKS=$PIP_FIND_LINKS} ${PIP_CERT:+PIP_CERT=$PIP_CERT} \
+  ${PIP_FIND_LINKS:+PIP_FIND_LINKS=$PIP_FIND_LINKS} ${cert:+PIP_CERT=$cert} \
   ${PIP_DEFAULT_TIMEOUT:+PIP_DEFAULT_TIMEOUT=$PIP_DEFAULT_TIMEOUT} \
   bash -c 'cd /root/gpumon && ./scripts/test.sh' || status=$?
 echo "== fresh-machine-check: ./scripts/test.sh exited $status after $(( $(date +%s) - start )) s in all" >&2
