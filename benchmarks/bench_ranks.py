@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.driven import record_bench
-from gpumon.analyze.trace_report import analyze, compare_truth
+from gpumon.analyze.trace_report import analyze
+from gpumon.analyze.truth import compare_truth
 
 
 def one_run(folder: Path, ranks: int, straggler: int | None, duration: int) -> dict[str, Any]:

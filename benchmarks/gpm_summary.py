@@ -14,7 +14,7 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from gpumon.analyze.trace_report import read_truth
+from gpumon.analyze.truth import read_truth
 from gpumon.core.model import GpmActivity, clock_reasons
 from gpumon.trace.reader import read_trace
 

@@ -74,7 +74,7 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
     import pynvml
 
     from gpumon.collect.pipeline.supervisor import Supervisor
-    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml.source import NvmlSource
     from gpumon.core.guard import CallGuard
 
     pynvml.nvmlInit()
@@ -180,7 +180,7 @@ def mig_child(ticks: int, repeats: int) -> None:
     import pynvml
 
     from gpumon.collect.pipeline.supervisor import Supervisor
-    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml.source import NvmlSource
     from gpumon.core.guard import CallGuard
 
     guard = CallGuard()

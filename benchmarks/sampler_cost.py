@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 from gpumon.collect.pipeline import OpenedSources, Pipeline, SourceDescription, SourceSpec
 from gpumon.collect.sources.host import HostSource, load_psutil
-from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.clock import VirtualClock
 from gpumon.core.problems import Problems
 

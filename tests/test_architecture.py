@@ -1,19 +1,93 @@
-"""The import rules that keep the monitor from disturbing what it watches (STYLE.md)."""
+"""The house's rules, as tests (docs/architecture.md): which package may import which, no import
+cycle, the bindings and ML frameworks kept where they belong, the pipeline built in one place."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 from .conftest import ROOT
 
 PACKAGE = ROOT / "gpumon"
 ML_FRAMEWORKS = {"torch", "tensorflow", "keras", "jax", "cupy", "pycuda", "numba"}
 
+LAYERS: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "detect": frozenset({"core"}),
+    "trace": frozenset({"core"}),
+    "sim": frozenset({"core"}),
+    "collect": frozenset({"core", "detect", "trace", "sim"}),
+    "config": frozenset({"core", "detect", "collect", "sim"}),
+    "analyze": frozenset({"core", "detect", "trace", "collect", "sim", "config"}),
+    "serve": frozenset({"core", "detect", "trace", "collect", "config", "analyze"}),
+    "dstat": frozenset({"core"}),
+    "integrations": frozenset(),
+    "bench": frozenset({"integrations"}),
+    "cli": frozenset(
+        {"core", "detect", "trace", "sim", "collect", "config", "analyze", "serve", "dstat", "bench"}
+    ),
+}
+"""Each package of gpumon and the packages it may import (besides itself and the top-level
+`gpumon`, which holds only the version). The data flows sources -> sampler -> detector -> sinks:
+`detect` (pure) sees only plain values; `collect` wires the detector's stage in; the outlets
+(`serve`, `analyze`) sit above both; the job side (`integrations`, `bench`) never meets the daemon."""
 
-def imports(path: Path) -> set[str]:
+HEAVY = {
+    "pynvml": "the NVIDIA bindings: real GPUs only (a simulated run never loads them)",
+    "psutil": "real host only (a simulated run never loads it)",
+    "grpc": "the kubelet's API: the k8s extra, only where a kubelet is asked",
+    "gpumon.collect.sources.podresources": "generated gRPC stubs: the k8s extra",
+    "bcrypt": "basic auth only",
+    "yaml": "the web config file only",
+    "matplotlib": "the plot extra",
+    "torch": "the bench extra, inside the training job only",
+    "keras": "the bench extra, inside the training job only",
+    "PIL": "the bench extra, inside the training job only",
+    "gpumon.bench": "imports Keras: only the command that runs it",
+    "gpumon.integrations.keras": "imports Keras: only inside a Keras job",
+}
+"""Modules imported inside functions: optional or heavy, so loaded only where they are needed
+(each such import says why in a comment). gpumon/cli/ is the other exception: a command's modules
+are loaded when the command runs, so `gpumon --help` or `gpumon devices` loads no daemon."""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package (dstat's plugin file is package data, run by dstat)."""
+    return {
+        module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if p.parent != PACKAGE / "dstat" / "plugin"
+    }
+
+
+def imported(path: Path, source: str | None = None, *, top_level_only: bool = False) -> set[str]:
+    """The gpumon modules a file imports (a name imported from a package counts as its module)."""
+    tree = ast.parse(source if source is not None else path.read_text(), str(path))
+    known = modules()
+    names: set[str] = set()
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("gpumon"))
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("gpumon")
+        ):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if sub in known else str(node.module))
+    return names
+
+
+def all_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -24,35 +98,171 @@ def imports(path: Path) -> set[str]:
     return names
 
 
-JOB_SIDE = ("bench", "integrations")
-"""What runs in the training job, never in the daemon: the Keras bench and the training-log hooks."""
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "gpumon"
 
 
-def modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if not set(JOB_SIDE) & set(p.relative_to(PACKAGE).parts))
+def layer_violations(name: str, found: set[str]) -> list[str]:
+    here = package_of(name)
+    allowed = LAYERS.get(here)
+    if allowed is None:
+        return [f"{name}: package {here!r} is not in the layer table"] if here != "gpumon" else []
+    bad = []
+    for target in sorted(found):
+        there = package_of(target)
+        if there not in (here, "gpumon") and there not in allowed:
+            bad.append(f"{name} imports {target}: {here} may import only {sorted(allowed) or 'nothing'}")
+    return bad
+
+
+def test_every_package_keeps_to_its_layer() -> None:
+    problems = [bad for name, path in modules().items() for bad in layer_violations(name, imported(path))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layer_table_itself_has_no_cycle() -> None:
+    def reach(pkg: str, seen: tuple[str, ...]) -> None:
+        assert pkg not in seen, f"layer cycle: {' -> '.join((*seen, pkg))}"
+        for nxt in LAYERS[pkg]:
+            reach(nxt, (*seen, pkg))
+
+    for pkg in LAYERS:
+        reach(pkg, ())
+    assert set(LAYERS) == {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+
+
+def test_the_detector_importing_the_sampler_is_caught() -> None:
+    """The check that guards the pure detector really fails when it should (the issue's "try it")."""
+    source = "from gpumon.collect.sampler import Sampler\n"
+    found = imported(PACKAGE / "detect" / "stage.py", source)
+    assert layer_violations("gpumon.detect.stage", found) == [
+        "gpumon.detect.stage imports gpumon.collect.sampler: detect may import only ['core']"
+    ]
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_no_import_cycle_between_modules_or_packages() -> None:
+    mods = modules()
+    graph = {name: imported(path, top_level_only=True) & set(mods) - {name} for name, path in mods.items()}
+    assert module_cycles(graph) == []
+    packages: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        packages.setdefault(package_of(name), set()).update(package_of(t) for t in targets)
+    packages = {k: v - {k, "gpumon"} for k, v in packages.items()}
+    assert module_cycles(packages) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def _says_why(lines: list[str], first: int, last: int) -> bool:
+    """A comment on the import, or above it (over a block of imports, the block's comment)."""
+    if any("#" in lines[i - 1] for i in range(first, last + 1)):
+        return True
+    i = first - 1
+    while i >= 1 and lines[i - 1].strip().startswith(("import ", "from ")):
+        if "#" in lines[i - 1]:
+            return True
+        i -= 1
+    return i >= 1 and lines[i - 1].strip().startswith("#")
+
+
+def test_imports_inside_functions_are_heavy_or_optional_and_say_why() -> None:
+    problems = []
+    for name, path in modules().items():
+        if name.startswith("gpumon.cli"):
+            continue  # a command loads what it runs when it runs (gpumon/cli/app.py)
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                why = next((k for k in HEAVY if mod == k or (mod or "").startswith(k + ".")), None)
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                if why is None:
+                    problems.append(f"{where}: imports {mod} inside a function: import it at the top")
+                    continue
+                if not _says_why(lines, node.lineno, node.end_lineno or node.lineno):
+                    problems.append(f"{where}: imports {mod} inside a function without saying why")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_daemon_never_imports_the_job_side_and_the_hooks_need_only_the_standard_library() -> None:
-    for path in modules():
-        assert not any(m.startswith("gpumon.integrations") for m in gpumon_imports(path)), path
-    core = PACKAGE / "integrations" / "__init__.py"
-    assert imports(core) <= set(sys.stdlib_module_names) | {"__future__"}, imports(core)
-    assert gpumon_imports(core) == set(), "importing the hooks into a training job loads no gpumon module"
+    for name, path in modules().items():
+        if package_of(name) in ("bench", "integrations"):
+            continue
+        assert not any(m.startswith("gpumon.integrations") for m in imported(path)), name
+    hooks = PACKAGE / "integrations" / "__init__.py"
+    assert all_imports(hooks) <= set(sys.stdlib_module_names) | {"__future__"}, all_imports(hooks)
+    assert imported(hooks) == set(), "importing the hooks into a training job loads no gpumon module"
 
 
 def test_only_the_nvml_source_imports_pynvml_and_only_the_host_source_psutil() -> None:
-    for path in modules():
+    for path in modules().values():
         rel = path.relative_to(ROOT).as_posix()
-        found = imports(path)
+        found = all_imports(path)
         if "pynvml" in found:
-            assert rel == "gpumon/collect/sources/nvml/", rel
+            assert rel == "gpumon/collect/sources/nvml/source.py", rel
         if "psutil" in found:
             assert rel == "gpumon/collect/sources/host.py", rel
 
 
 def test_the_daemon_never_imports_an_ml_framework() -> None:
-    for path in modules():
-        assert not imports(path) & ML_FRAMEWORKS, path
+    for name, path in modules().items():
+        if package_of(name) in ("bench", "integrations"):
+            continue
+        assert not all_imports(path) & ML_FRAMEWORKS, name
+
+
+def test_the_top_level_holds_packages_and_a_handful_of_modules() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"], loose
+
+
+@pytest.mark.parametrize(
+    ("statement", "never"),
+    [
+        ("import gpumon", ("gpumon.serve", "gpumon.bench", "gpumon.analyze", "gpumon.collect")),
+        ("import gpumon.detect.tracker", ("gpumon.collect", "gpumon.serve", "gpumon.trace")),
+        ("from gpumon.cli import main", ("gpumon.serve", "gpumon.analyze", "gpumon.bench")),
+    ],
+)
+def test_importing_a_layer_loads_nothing_above_it(statement: str, never: tuple[str, ...]) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        {statement}
+        print(sorted(m for m in sys.modules if m.startswith({never!r})))
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
 def test_simulated_runs_do_not_even_load_pynvml() -> None:
@@ -64,82 +274,9 @@ def test_simulated_runs_do_not_even_load_pynvml() -> None:
     assert "LOADED False False" in p.stdout, p.stdout + p.stderr
 
 
-def gpumon_imports(path: Path) -> set[str]:
-    """Every gpumon module this file imports, at the top or inside a function."""
-    tree = ast.parse(path.read_text(), str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names if a.name.startswith("gpumon"))
-        elif (
-            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("gpumon")
-        ):
-            names.add(str(node.module))
-    return names
-
-
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
-
-
-def test_imports_point_one_way() -> None:
-    """sources never import the simulator or the wiring; the simulator imports nothing above it;
-    the detector only itself and the model; the sampler nothing above it (STYLE.md)."""
-    allowed_below = {
-        "gpumon.collect.sources": (
-            "gpumon.collect.sources",
-            "gpumon.core.model",
-            "gpumon.core.problems",
-            "gpumon.core.errors",
-            "gpumon.core.guard",
-            "gpumon.trace.reader",
-            "gpumon.core.clock",
-        ),
-        "gpumon.sim": ("gpumon.sim", "gpumon.core.clock", "gpumon.core.errors", "gpumon.core.model"),
-        "gpumon.detect": ("gpumon.detect", "gpumon.core.model"),
-        "gpumon.collect.sampler": (
-            "gpumon.core.model",
-            "gpumon.core.problems",
-            "gpumon.core.clock",
-            "gpumon.core.errors",
-        ),
-        "gpumon.core.guard": (),
-        "gpumon.core.problems": (),
-    }
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = module_name(path)
-        for layer, allowed in allowed_below.items():
-            if name == layer or name.startswith(layer + "."):
-                bad = {m for m in gpumon_imports(path) if not m.startswith(allowed) or m == "gpumon"}
-                assert not bad, (
-                    f"{name} imports {sorted(bad)}: imports point sources -> sampler -> detector -> sinks"
-                )
-
-
-def test_the_simulator_has_no_import_cycle() -> None:
-    graph = {
-        module_name(p): {m for m in gpumon_imports(p) if m.startswith("gpumon.sim")}
-        for p in (PACKAGE / "sim").glob("*.py")
-    }
-    seen: set[str] = set()
-
-    def visit(node: str, path: tuple[str, ...]) -> None:
-        assert node not in path, f"import cycle: {' -> '.join((*path, node))}"
-        if node in seen:
-            return
-        for nxt in graph.get(node, ()):
-            visit(nxt, (*path, node))
-        seen.add(node)
-
-    for node in graph:
-        visit(node, ())
-
-
 def test_the_pipeline_is_built_in_one_place() -> None:
-    """Sampler, detector stage and sources are put together by gpumon.collect.pipeline alone; commands,
-    the daemon, the demo and the benchmarks ask it for a Pipeline."""
+    """Sampler, detector stage and sources are put together by gpumon.collect.pipeline alone;
+    commands, the daemon, the demo and the benchmarks ask it for a Pipeline."""
     builders = {"Sampler", "DetectorSink", "open_sources", "Fleet"}
     allowed = {
         "gpumon/collect/pipeline/pipeline.py",
@@ -150,7 +287,7 @@ def test_the_pipeline_is_built_in_one_place() -> None:
     }
     for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in allowed:
+        if rel in allowed or "/plugin/" in rel:
             continue
         tree = ast.parse(path.read_text(), rel)
         for node in ast.walk(tree):

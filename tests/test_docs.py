@@ -46,6 +46,7 @@ def metrics_of_a_hopper_gpu() -> str:
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
+    from gpumon.collect.pipeline.spec import SourceDescription
     from gpumon.core.model import GpmActivity, GpuSample, Tick, XidCount
     from gpumon.serve.metrics import GpumonCollector
     from gpumon.serve.snapshot import Snapshot
@@ -55,7 +56,7 @@ def metrics_of_a_hopper_gpu() -> str:
         1.0, 0, "GPU-0", "H100", clock_events=0x4, clock_event_s=(("sw_power_cap", 3.0),),
         xids=(XidCount(79, 1),), last_xid=(79, 1.7e9), gpm=gpm, mig=None,
     )  # fmt: skip
-    snap = Snapshot(1.0, Tick(1.0, (g,), None), (), {}, {}, 1, 0, {"kind": "nvml"})
+    snap = Snapshot(1.0, Tick(1.0, (g,), None), (), {}, {}, 1, 0, SourceDescription.nvml())
     registry = CollectorRegistry()
     registry.register(GpumonCollector(lambda: snap, lambda s: 0.0))
     return generate_latest(registry).decode()

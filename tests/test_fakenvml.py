@@ -179,7 +179,7 @@ def test_stuck_threads_are_bounded(library: Path, tmp_path: Path) -> None:
         import threading, time, pynvml
         from gpumon.core.guard import CallGuard
         from gpumon.collect.pipeline.supervisor import Supervisor
-        from gpumon.collect.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml.source import NvmlSource
         guard = CallGuard()
         src = NvmlSource(pynvml, guard=guard)
         src.open()
@@ -206,7 +206,7 @@ def test_a_driver_absent_at_start_is_picked_up_when_it_appears(library: Path, tm
         import logging, pathlib, shutil, pynvml
         from gpumon.core.errors import NoDriverError
         from gpumon.core.problems import Problems
-        from gpumon.collect.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml.source import NvmlSource
         logging.basicConfig()
         problems = Problems(logging.getLogger("t"))
         src = NvmlSource(pynvml, problems, retry_init=True)

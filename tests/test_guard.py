@@ -8,7 +8,7 @@ import threading
 import time
 
 from gpumon.collect.pipeline.supervisor import Supervisor
-from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.guard import CallGuard
 from gpumon.core.problems import Problems
 

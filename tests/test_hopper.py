@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.core.model import GpmActivity, GpuSample, Tick, XidCount
-from gpumon.detect.classify import SMALL_KERNELS
+from gpumon.detect.vocabulary import Cause
 from gpumon.trace.reader import read_trace
 from tests.fakenvml import driver
 
@@ -104,7 +104,7 @@ def test_a_pre_hopper_stand_in_answers_not_supported_and_gpumon_leaves_the_field
     p = python(
         """
         import logging, os, pynvml
-        from gpumon.collect.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml.source import NvmlSource
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         out = [pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice]
@@ -133,17 +133,17 @@ def test_a_pre_hopper_stand_in_answers_not_supported_and_gpumon_leaves_the_field
 
 MIG_SCRIPT = """
     import json, os, time, pynvml
-    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml.source import NvmlSource
     src = NvmlSource(pynvml); src.open()
     ticks = []
     for t in range(1, 5):
-        for k in range(1, 5):  # the sampler's steps between ticks (fast_period_s: 5 a second)
+        for k in range(1, 5):  # the sampler's steps between ticks (activity_period_s: 5 a second)
             os.environ["FAKENVML_NOW_US"] = str(t * 1_000_000 + k * 200_000)
-            src.sample_fast(t + k * 0.2)
+            src.sample_activity(t + k * 0.2)
         os.environ["FAKENVML_NOW_US"] = str((t + 1) * 1_000_000)
         time.sleep(0.6 if t == 3 else 0)  # the XID thread waits with a timeout: let it deliver
         ticks.append([g._asdict() for g in src.poll(t + 1.0)])
-    print(json.dumps({"fast_period_s": src.fast_period_s}))
+    print(json.dumps({"activity_period_s": src.activity_period_s}))
     began = time.monotonic()
     src.close()
     print(json.dumps({"ticks": ticks, "close_s": time.monotonic() - began}, default=str))
@@ -170,7 +170,7 @@ def test_mig_instances_are_units_with_gpm_and_xids_count_once_even_on_a_lost_gpu
     p = python(MIG_SCRIPT, driver.environment(config))
     assert p.returncode == 0, p.stderr
     period, rest = p.stdout.split("\n", 1)
-    assert json.loads(period) == {"fast_period_s": 0.2}
+    assert json.loads(period) == {"activity_period_s": 0.2}
     out = json.loads(rest)
     ticks = out["ticks"]
     units = [(g["index"], g["mig"], g["uuid"][:4]) for g in ticks[0]]
@@ -208,7 +208,7 @@ def test_clock_events_fall_back_to_the_deprecated_throttle_reasons_call(
     p = python(
         """
         import os, pynvml
-        from gpumon.collect.sources.nvml import NvmlSource
+        from gpumon.collect.sources.nvml.source import NvmlSource
         src = NvmlSource(pynvml); src.open()
         for t in (1, 2, 3):
             os.environ["FAKENVML_NOW_US"] = str(t * 1_000_000)
@@ -350,7 +350,7 @@ def test_small_kernels_are_called_out_only_where_gpm_is_read(tmp_path: Path) -> 
     names = read_trace(str(out)).header["source"]["scenarios"]
     verdicts = {names[g["index"]]: g["verdict"] for g in gpus}
     assert verdicts == {
-        "small-kernels": f"underutilized-{SMALL_KERNELS}",
+        "small-kernels": f"underutilized-{Cause.SMALL_KERNELS}",
         "healthy-hopper": "healthy",
         "healthy-power-capped": "healthy",
         "healthy": "healthy",

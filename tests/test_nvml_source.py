@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumon.collect.sources.nvml import NvmlSource, SampleClockAligner
+from gpumon.collect.sources.nvml.samples import SampleClockAligner
+from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.errors import NoDriverError
 from gpumon.core.problems import Problems
 
@@ -252,7 +253,7 @@ def test_xid_events_are_counted_per_code_and_a_failing_wait_is_a_problem_until_i
     """The XID thread's loop, driven: a failing wait, an XID 79 twice, a timeout; then stop."""
     import types as _types
 
-    from gpumon.collect.sources.xid import XidWatcher
+    from gpumon.collect.sources.nvml.xid import XidWatcher
     from gpumon.core.problems import Problems
 
     class Error(Exception):

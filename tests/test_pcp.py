@@ -402,13 +402,14 @@ def test_the_pcp_endpoint_is_served_beside_metrics(daemon: str) -> None:
 def test_a_mig_instance_is_a_pcp_instance_of_its_own() -> None:
     """Two units share GPU 1's index (its parent and a MIG instance): PCP's instance names differ,
     and the instance shows GPM's activity (NVML gives it no utilization)."""
+    from gpumon.collect.pipeline.spec import SourceDescription
     from gpumon.core.model import GpmActivity, GpuSample, Tick
     from gpumon.serve.pcp import render, rows
     from gpumon.serve.snapshot import Snapshot
 
     parent = GpuSample(1.0, 1, "GPU-1", "H100", mem_used_bytes=1, mem_total_bytes=2)
     mig = GpuSample(1.0, 1, "MIG-1", "H100 MIG 1g.10gb", mig=2, gpm=GpmActivity(graphics_ratio=0.4))
-    snap = Snapshot(1.0, Tick(1.0, (parent, mig), None), (), {}, {}, 1, 0, {"kind": "nvml"})
+    snap = Snapshot(1.0, Tick(1.0, (parent, mig), None), (), {}, {}, 1, 0, SourceDescription.nvml())
     text = render(snap).decode()
     names = re.findall(r'instname="([^"]+)"', text)
     assert set(names) == {"gpu1", "gpu1mig2"}

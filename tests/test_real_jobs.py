@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.analyze.trace_report import Analysis, analyze, compare_truth
+from gpumon.analyze.trace_report import Analysis, analyze
+from gpumon.analyze.truth import compare_truth
 
 from .conftest import ROOT, free_port, start_serve
 from .realjobs import (

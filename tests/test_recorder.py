@@ -130,7 +130,7 @@ class _FlakyDisk:
 
         def write_tick(tick: Tick) -> None:
             if self.full.is_set():
-                writer._out.failed = True  # what a failed write leaves behind
+                writer._out._file.failed = True  # what a failed write leaves behind
                 raise OutputError(f"{path}: cannot write: {os.strerror(errno.ENOSPC)}")
             real(tick)
 

@@ -157,15 +157,15 @@ def test_stop_event_ends_the_loop() -> None:
 class FastStub(StubGpus):
     """A GPU source that asks to be sampled between ticks (GPM on MIG instances)."""
 
-    fast_period_s: float | None = 0.2
+    activity_period_s: float | None = 0.2
 
     def __init__(self, clock: VirtualClock, fail_fast: bool = False) -> None:
         super().__init__(clock)
-        self.fast: list[float] = []
+        self.activity: list[float] = []
         self.fail_fast = fail_fast
 
-    def sample_fast(self, t_s: float) -> None:
-        self.fast.append(round(t_s, 6))
+    def sample_activity(self, t_s: float) -> None:
+        self.activity.append(round(t_s, 6))
         if self.fail_fast:
             raise RuntimeError("driver said no")
 
@@ -180,7 +180,7 @@ def test_a_source_that_asks_is_sampled_between_ticks_on_the_tick_grid() -> None:
     assert ticks == pytest.approx([101.0, 102.0, 103.0])
     # four steps between ticks (the tick itself takes the fifth), none on a tick, none after the end
     expected = [round(100.0 + k + j * 0.2, 6) for k in range(3) for j in range(1, 5)]
-    assert gpus.fast == pytest.approx(expected)
+    assert gpus.activity == pytest.approx(expected)
 
 
 def test_failing_steps_between_ticks_are_a_problem_not_a_stop(caplog: pytest.LogCaptureFixture) -> None:
@@ -191,5 +191,7 @@ def test_failing_steps_between_ticks_are_a_problem_not_a_stop(caplog: pytest.Log
     s.on_tick.append(lambda t: ticks.append(t.t_s))
     with caplog.at_level(logging.WARNING):
         s.run(duration_s=3)
-    assert len(ticks) == 3 and len(gpus.fast) == 12
-    assert sum("fast sampling: driver said no" in r.message for r in caplog.records) == 1, "logged once"
+    assert len(ticks) == 3 and len(gpus.activity) == 12
+    assert sum("activity sampling between ticks: driver said no" in r.message for r in caplog.records) == 1, (
+        "logged once"
+    )

@@ -467,7 +467,7 @@ def test_logs_carry_syslog_priorities_under_journald(tmp_path: Path) -> None:
 def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_recover(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gpumon.collect.sources.nvml import NvmlSource
+    from gpumon.collect.sources.nvml.source import NvmlSource
 
     from .test_nvml_source import FakePynvml
 

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from gpumon.collect.sources.host import HostSource
-from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.clock import VirtualClock
 from gpumon.core.errors import UsageError
 from gpumon.sim.fakehost import FakeHost

@@ -9,7 +9,7 @@ import pytest
 
 from gpumon.collect.sampler import Sampler
 from gpumon.collect.sources.host import HostSource
-from gpumon.collect.sources.nvml import NvmlSource
+from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.collect.sources.replay import ReplayHost, ReplaySource
 from gpumon.core.clock import VirtualClock
 from gpumon.core.errors import OutputError, TraceError

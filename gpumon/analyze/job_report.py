@@ -23,7 +23,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.analyze.trace_report import SUGGESTIONS
 from gpumon.core.errors import EXIT_UNREACHABLE, GpumonError
+from gpumon.detect.vocabulary import main_label
 
 SUGGESTIONS_STRAGGLER = (
     "the whole job waits for this rank: feed its input pipeline (more loader workers on that node, "
@@ -51,9 +53,7 @@ class GpuJobReport:
 
     @property
     def main_label(self) -> str:
-        known = {k: v for k, v in self.seconds_by_label.items() if k != "unknown" and v > 0}
-        pool = known or dict(self.seconds_by_label)
-        return max(pool, key=lambda k: pool[k]) if pool else "unknown"
+        return main_label(self.seconds_by_label)
 
 
 @dataclass
@@ -102,7 +102,6 @@ def verdict_line(rep: JobReport) -> str:
 
 
 def render(rep: JobReport) -> str:
-    from gpumon.analyze.trace_report import SUGGESTIONS
 
     nodes = sorted({g.node for g in rep.gpus})
     span = ""

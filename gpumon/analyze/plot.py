@@ -3,6 +3,7 @@ and one for the host (CPU, busiest core, iowait). matplotlib is optional (extra 
 
 from __future__ import annotations
 
+import importlib.util
 from itertools import groupby
 
 from gpumon.analyze.trace_report import Analysis
@@ -25,7 +26,6 @@ MAX_GPUS_PLOTTED = 16
 
 def require_matplotlib() -> None:
     """Fail before any work when --plot cannot be drawn."""
-    import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise MissingDependency(
@@ -35,9 +35,11 @@ def require_matplotlib() -> None:
 
 def plot(a: Analysis, path: str) -> None:
     require_matplotlib()
+    # here, not at the top: extra plot: only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # here, not at the top: extra plot: only when a plot is drawn
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

@@ -6,22 +6,30 @@ aligned with the trace's own times, so an offline verdict is the one the daemon 
 
 from __future__ import annotations
 
-import json
+import datetime
+import itertools
 import logging
-import math
+import multiprocessing
+import os
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumon.collect.pipeline import Pipeline, SourceSpec
 from gpumon.collect.pipeline.sources import OpenedSources, replayed
 from gpumon.collect.pipeline.spec import SourceDescription
+from gpumon.collect.sources.replay import ReplayHost, ReplaySource
 from gpumon.core.clock import VirtualClock
+from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import Episode, Verdict
+from gpumon.detect.vocabulary import main_label
+from gpumon.trace.range import GpuSelection, read_range
 from gpumon.trace.reader import Trace, read_trace
+from gpumon.trace.segments import list_segments
 
 if TYPE_CHECKING:
     from gpumon.trace.range import GpuSelection, Span
@@ -76,10 +84,7 @@ class GpuReport:
 
     @property
     def main_label(self) -> str:
-        """The label with the most time, ignoring `unknown` when anything else was seen."""
-        known = {k: v for k, v in self.seconds_by_label.items() if k != "unknown" and v > 0}
-        pool = known or dict(self.seconds_by_label)
-        return max(pool, key=lambda k: pool[k]) if pool else "unknown"
+        return main_label(self.seconds_by_label)
 
     @property
     def final_label(self) -> str | None:
@@ -159,10 +164,6 @@ def analyze_range(
     """A recorder's segments between two wall-clock times, streamed: memory stays bounded however
     long the range (no per-tick verdicts are kept; episodes and totals are). With `jobs` > 1 the
     GPUs are shared among that many processes (by index), each reading the range for its own."""
-    import os
-
-    from gpumon.core.errors import TraceError
-    from gpumon.trace.range import GpuSelection
 
     th = thresholds or Thresholds()
     if not os.path.isdir(directory):
@@ -173,10 +174,6 @@ def analyze_range(
         whole = _analyze_share(directory, since_unix_s, until_unix_s, GpuSelection(gpus), th)
         assert whole is not None  # not quiet: it raised instead
         return whole
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from gpumon.trace.range import read_range
 
     _, ticks = read_range(directory, since_unix_s, until_unix_s)
     if next(ticks, None) is None:  # said here, once, before any worker starts
@@ -208,11 +205,6 @@ def _analyze_share(
     quiet: bool = False,
 ) -> Analysis | None:
     """One process's share of a range: None (with `quiet`) when it holds none of its GPUs."""
-    import itertools
-
-    from gpumon.collect.sources.replay import ReplayHost, ReplaySource
-    from gpumon.core.errors import TraceError
-    from gpumon.trace.range import read_range
 
     span, ticks = read_range(directory, since_unix_s, until_unix_s, gpus)
     first = next(ticks, None)
@@ -251,7 +243,6 @@ def _analyze_share(
 
 
 def _nothing_between(directory: str, since: float, until: float) -> str:
-    from gpumon.trace.segments import list_segments
 
     segments = list_segments(directory)
     asked = f"no samples between {_iso(since)} and {_iso(until)}"
@@ -263,7 +254,6 @@ def _nothing_between(directory: str, since: float, until: float) -> str:
 
 
 def _iso(unix_s: float) -> str:
-    import datetime
 
     return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
 
@@ -373,7 +363,6 @@ def _clock(a: Analysis, t_s: float) -> str:
     """A time as the report shows it: seconds into a trace, or the wall clock for a range."""
     if a.span is None:
         return f"{t_s:8.1f}"
-    import datetime
 
     return datetime.datetime.fromtimestamp(a.span.origin_unix_s + t_s).strftime("%m-%d %H:%M:%S")
 
@@ -515,125 +504,3 @@ def to_json(a: Analysis) -> dict[str, Any]:
         ],
         "warnings": a.warnings,
     }
-
-
-# -- ground truth (gpumon bench --truth) ----------------------------------------------------------
-
-
-@dataclass
-class TruthReport:
-    judged: int
-    agreed: int
-    starved_windows: int
-    starved_flagged: int
-    fed_windows: int
-    fed_unflagged: int
-    skipped: int
-    """Windows outside the trace, within the detector's settling time after a job started (its
-    window plus confirmation), or only moderately input-bound."""
-    sync_windows: int = 0
-    """Windows of a data-parallel rank blocked in the collective half its time or more."""
-    sync_flagged: int = 0
-
-    @property
-    def agreement(self) -> float:
-        return self.agreed / self.judged if self.judged else 0.0
-
-    def render(self, path: str) -> str:
-        return (
-            f"ground truth {path}: {self.judged} windows judged, {self.agreed} agree "
-            f"({self.agreement:.0%}); highly input-bound flagged starved {self.starved_flagged}/"
-            f"{self.starved_windows}; not input-bound left unflagged "
-            f"{self.fed_unflagged}/{self.fed_windows}; "
-            + (
-                f"waiting in the collective flagged sync-stall {self.sync_flagged}/{self.sync_windows}; "
-                if self.sync_windows
-                else ""
-            )
-            + f"{self.skipped} not judged (moderately input-bound, settling after a job started, "
-            "or outside the trace)"
-        )
-
-
-TruthWindow = tuple[float, float, str, str, int | None]
-"""(start_unix_s, end_unix_s, expected state, pipeline, GPU or None for the only one) from
-`gpumon bench --truth` (with --gpus, one record per rank, on GPU = rank)."""
-
-
-def read_truth(truth_path: str) -> list[TruthWindow]:
-    """The ground-truth file, checked whole before any analysis runs: a missing, binary or
-    garbled file is one line naming the file and line (exit 4)."""
-    from gpumon.core.errors import TraceError
-
-    windows = []
-    try:
-        with open(truth_path, "rb") as f:
-            data = f.read()
-    except IsADirectoryError:
-        raise TraceError(truth_path, None, "a directory, not a truth file") from None
-    except OSError as e:
-        raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
-    for n, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            w = json.loads(raw.decode("utf-8"))
-            start, end = float(w["start_unix_s"]), float(w["end_unix_s"])
-            if not (math.isfinite(start) and math.isfinite(end)):
-                raise ValueError
-            gpu = w.get("gpu")
-            if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
-                raise ValueError
-            windows.append((start, end, str(w["expected"]), str(w.get("pipeline", "")), gpu))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
-            raise TraceError(truth_path, n, "not a gpumon bench truth record") from None
-    if not windows:
-        raise TraceError(truth_path, None, "no truth records (written by gpumon bench --truth)")
-    return windows
-
-
-def compare_truth(a: Analysis, truth: str | list[TruthWindow]) -> TruthReport:
-    """Judge each decisive truth window by the verdicts inside it (their majority, once settled)."""
-    from gpumon.core.errors import TraceError
-
-    started = a.header.get("started_unix_s")
-    if not isinstance(started, (int, float)):
-        raise TraceError(a.path, 1, "the header has no started_unix_s: cannot line up --truth")
-    records = read_truth(truth) if isinstance(truth, str) else truth
-    settle = a.thresholds.window_s + a.thresholds.confirm_s
-    all_verdicts = [v for g in a.gpus for v in g.verdicts]
-    first = min((v.t_s for v in all_verdicts), default=0.0)
-    rep = TruthReport(0, 0, 0, 0, 0, 0, 0)
-    job_start: dict[int | None, float] = {}
-    previous: dict[int | None, tuple[float, str]] = {}
-    for s, e, expected, pipeline, gpu in records:
-        start, end = s - started, e - started
-        verdicts = all_verdicts if gpu is None else [v for v in all_verdicts if v.index == gpu]
-        # A new job (another pipeline, or a break between windows) starts a settling span: the
-        # detector needs its window and confirmation after every change (docs/detector.md).
-        last = previous.get(gpu)
-        if last is None or pipeline != last[1] or start - last[0] > 2.0:
-            job_start[gpu] = start
-        previous[gpu] = (end, pipeline)
-        ready = max(first, job_start[gpu]) + settle
-        inside = [v for v in verdicts if start <= v.t_s < end and v.t_s >= ready and v.state != "unknown"]
-        if expected not in ("starved", "healthy", "sync-stall") or not inside or end <= ready:
-            rep.skipped += 1
-            continue
-        starved = sum(v.state == "starved" for v in inside) > len(inside) / 2
-        spinning = sum(v.state == "sync-stall" for v in inside) > len(inside) / 2
-        rep.judged += 1
-        if expected == "starved":
-            rep.starved_windows += 1
-            rep.starved_flagged += starved
-            rep.agreed += starved
-        elif expected == "sync-stall":
-            rep.sync_windows += 1
-            rep.sync_flagged += spinning
-            rep.agreed += spinning
-        else:
-            fine = not starved and not spinning
-            rep.fed_windows += 1
-            rep.fed_unflagged += fine
-            rep.agreed += fine
-    return rep

@@ -29,6 +29,9 @@ import io
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -144,6 +147,7 @@ class ThrottledFileData(FedData):
 def _write_jpegs(folder: str, count: int) -> None:
     """Photo-like 640x480 JPEGs (smooth gradients and noise, ~170 KB each), a little larger than
     ImageNet's average (~400x350, ~110 KB)."""
+    # here, not at the top: extra bench: the jpeg pipeline only
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -166,6 +170,7 @@ class JpegData(FedData):
         self.folder, self.files = folder, files
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        # here, not at the top: extra bench: the jpeg pipeline only
         from PIL import Image, ImageEnhance, ImageOps
 
         out = np.empty((self.batch_size, *IMAGE), dtype="float32")
@@ -287,8 +292,6 @@ def _start_hogs(n: int) -> list[int]:
     """Other work on the host: N processes that each keep a core busy. Started through a shell that
     exits at once, so they are not the job's descendants (gpumon would count those as its loader
     workers): neighbours, as other users' jobs are. Their PIDs, for _stop_hogs."""
-    import subprocess
-    import sys
 
     pids = []
     for _ in range(n):
@@ -303,7 +306,6 @@ def _start_hogs(n: int) -> list[int]:
 
 
 def _stop_hogs(pids: list[int]) -> None:
-    import signal
 
     for pid in pids:
         try:
@@ -336,6 +338,7 @@ def _leave_cores_for_the_input_pipeline() -> None:
     """On the CPU, torch's compute would take every core and no loader could ever saturate one:
     keep half the cores for the input pipeline, as a GPU job's host would have them."""
     if keras.backend.backend() == "torch":
+        # here, not at the top: the job's backend: loaded in the training job only
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
@@ -425,6 +428,7 @@ def run(opts: BenchOptions) -> dict[str, float]:
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
     callbacks: list[keras.callbacks.Callback] = [timer]
     if opts.watch is not None:
+        # here, not at the top: imports Keras: only inside a Keras job
         from gpumon.integrations.keras import GpumonCallback
 
         callbacks.append(GpumonCallback(opts.watch or None))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -79,9 +80,11 @@ def _expected(input_share: float, sync_share: float) -> str:
 
 
 def rank_main(plan: RankPlan) -> dict[str, float]:
+    # here, not at the top: the job's backend: loaded in the training job only
     import torch
     import torch.distributed as dist
 
+    # here, not at the top: imports Keras: in the training job only
     from gpumon.bench.job import BenchOptions, CpuHeavyData, build_model, make_data
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -208,6 +211,7 @@ PLAN_ENV = "GPUMON_BENCH_PLAN"
 
 def cuda_devices() -> int:
     """GPUs torch sees here (0 without CUDA): one rank per GPU on a GPU machine."""
+    # here, not at the top: the job's backend: loaded in the training job only
     import torch
 
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
@@ -216,7 +220,6 @@ def cuda_devices() -> int:
 def launch(plan: RankPlan, ranks: int) -> int:
     """Run `ranks` ranks on this machine with torchrun (its standalone rendezvous: a free port on
     localhost), each given the plan; the exit status of the slowest to fail, 0 when all succeed."""
-    import subprocess
 
     cmd = [
         sys.executable,

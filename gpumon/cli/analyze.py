@@ -67,14 +67,8 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.analyze.trace_report import (
-        analyze,
-        analyze_range,
-        compare_truth,
-        read_truth,
-        render_text,
-        to_json,
-    )
+    from gpumon.analyze.trace_report import analyze, analyze_range, render_text, to_json
+    from gpumon.analyze.truth import compare_truth, read_truth
 
     th = flags.thresholds(args)
     if (args.trace is None) == (args.directory is None):

@@ -103,7 +103,8 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
     finally:
         daemon.stop()
         writer.close(daemon.sampler.last_tick.t_s if daemon.sampler.last_tick else None, "duration")
-    from gpumon.analyze.trace_report import analyze, compare_truth, render_text
+    from gpumon.analyze.trace_report import analyze, render_text
+    from gpumon.analyze.truth import compare_truth
 
     result = analyze(str(trace))
     print("\n" + render_text(result))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -260,7 +261,6 @@ def attribution() -> AttributionSpec:
     """Where commands other than `serve` read which job holds which GPU: the serve settings'
     defaults, and the same variables (GPUMON_JOBS_DIR, GPUMON_DCGM_JOB_MAPPING_DIR); never the
     kubelet (only the daemon keeps a connection to it)."""
-    import os
 
     cfg = Config(
         jobs_dir=os.environ.get("GPUMON_JOBS_DIR") or str(SETTINGS["jobs_dir"].default),

@@ -254,10 +254,11 @@ class Sampler:
                 self._k = max(self._k, math.ceil((due - start) / self.interval_s - 1e-9))
 
     def _wait(self, target: float, stop: threading.Event | None) -> None:
-        """Sleep until `target`. Meanwhile, where the GPU source asks for it (GPM on MIG
-        instances, which have no utilization samples: gpumon.collect.sources.nvml), call its `sample_fast`
-        every `fast_period_s` on the tick's grid; the tick itself takes the last of them."""
-        period = getattr(self.gpu_source, "fast_period_s", None)
+        """Sleep until `target`. Meanwhile, where the GPU source asks for it (GPM activity on MIG
+        instances, which have no utilization samples: gpumon.collect.sources.nvml.gpm), call its
+        `sample_activity` every `activity_period_s` on the tick's grid; the tick itself takes the
+        last of them."""
+        period = getattr(self.gpu_source, "activity_period_s", None)
         if not period or period >= self.interval_s:
             self.clock.sleep(target - self.clock.now(), stop)
             return
@@ -270,10 +271,11 @@ class Sampler:
                 return
             if self.clock.now() < at + period / 2:  # not one long overdue (a slow host): skip those
                 try:
-                    self.gpu_source.sample_fast(self.clock.now())  # type: ignore[attr-defined]
+                    self.gpu_source.sample_activity(self.clock.now())  # type: ignore[attr-defined]
                 except Exception as e:  # isolation, as for the tick's own reading
                     self.problems.note(
-                        f"{self.gpu_source.name}:fast", f"source {self.gpu_source.name}: fast sampling: {e}"
+                        f"{self.gpu_source.name}:activity",
+                        f"source {self.gpu_source.name}: activity sampling between ticks: {e}",
                     )
             at += period
         remaining = target - self.clock.now()

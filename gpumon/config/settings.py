@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
 from gpumon.detect.thresholds import Thresholds, threshold_limits
+from gpumon.sim.scenarios import SCENARIOS
 
 DEFAULT_PORT = 9877
 """No GPU exporter uses it (dcgm-exporter 9400, mindprince 9445, nvidia-smi exporter 9454,
@@ -90,7 +91,6 @@ def _check_listen(value: str) -> None:
 
 
 def _check_scenarios(value: str) -> None:
-    from gpumon.sim.scenarios import SCENARIOS
 
     names = [n.strip() for n in value.split(",")]
     if not value.strip() or not all(names):

@@ -10,24 +10,13 @@ from dataclasses import dataclass
 
 from gpumon.detect.evidence import Evidence
 from gpumon.detect.thresholds import Thresholds
-
-STATES = ("unknown", "idle", "healthy", "starved", "stalled", "sync-stall", "underutilized")
-CAUSES = ("cpu", "io", "host")
-"""Causes of starvation (gpumon_gpu_starvation_cause); `underutilized` has its own: SMALL_KERNELS."""
-SMALL_KERNELS = "small-kernels"
-WASTEFUL = frozenset({"starved", "stalled", "sync-stall", "underutilized"})
-
-
-def state_label(state: str, cause: str | None) -> str:
-    """`starved-cpu`, `healthy`, ...: a state with its cause, as scenarios, episodes and the state
-    API name them. The one place this label is built."""
-    return f"{state}-{cause}" if cause else state
+from gpumon.detect.vocabulary import Cause, State, state_label
 
 
 @dataclass(frozen=True, slots=True)
 class Classification:
-    state: str
-    cause: str | None
+    state: State
+    cause: Cause | None
     confidence: float
     reason: str
     """One line a person can read: why this state."""
@@ -53,43 +42,45 @@ def classify(
     expected_points: int | None = None,
 ) -> Classification:
     if not available:
-        return Classification("unknown", None, 0.0, "GPU unavailable (lost or failing)")
+        return Classification(State.UNKNOWN, None, 0.0, "GPU unavailable (lost or failing)")
     if ev.points < th.min_points or ev.duty_cycle is None:
-        return Classification("unknown", None, 0.0, f"only {ev.points} utilization samples in the window")
+        return Classification(State.UNKNOWN, None, 0.0, f"only {ev.points} utilization samples in the window")
     duty = ev.duty_cycle
     fill = min(1.0, ev.points / expected_points) if expected_points else 1.0
 
-    def result(state: str, cause: str | None, confidence: float, reason: str) -> Classification:
+    def result(state: State, cause: Cause | None, confidence: float, reason: str) -> Classification:
         return Classification(state, cause, round(confidence * fill, 3), reason)
 
-    def starved(cause: str | None, confidence: float, reason: str) -> Classification:
+    def starved(cause: Cause | None, confidence: float, reason: str) -> Classification:
         if ev.change_age_s is None:
-            return result("starved", cause, confidence, reason)
+            return result(State.STARVED, cause, confidence, reason)
         reason += f" (since {ev.change_age_s:.1f} s ago, when a fed GPU turned to bursts and gaps)"
-        return Classification("starved", cause, round(confidence * fill, 3), reason, ev.change_age_s)
+        return Classification(State.STARVED, cause, round(confidence * fill, 3), reason, ev.change_age_s)
 
     # Processes can be invisible (another container's PID namespace) while kernels run: a GPU
     # doing work has a job, listed or not. Idle is judged on the recent samples, so a job that
     # just ended shows as idle without waiting for its work to leave the window.
     recent = ev.recent_duty if ev.recent_duty is not None else duty
     if not ev.has_job and recent < th.stalled_duty:
-        return result("idle", None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU")
+        return result(
+            State.IDLE, None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU"
+        )
     if duty < th.stalled_duty:
         return result(
-            "stalled",
+            State.STALLED,
             None,
             _conf(th.stalled_duty - duty, th.stalled_duty),
             f"a process holds the GPU but kernels ran {duty:.1%} of the time",
         )
     if duty >= th.sync_min_duty and ev.power_ratio is not None and ev.power_ratio <= th.sync_max_power_ratio:
         return result(
-            "sync-stall",
+            State.SYNC_STALL,
             None,
             _conf(th.sync_max_power_ratio - ev.power_ratio, th.sync_max_power_ratio / 2),
             f"{duty:.0%} busy at {ev.power_ratio:.0%} of the power limit: kernels spin, "
             "not compute (waiting in a collective?)",
         )
-    fed = th.fed_duty + (-th.hysteresis if current == "healthy" else th.hysteresis)
+    fed = th.fed_duty + (-th.hysteresis if current == State.HEALTHY else th.hysteresis)
     # A window whose older part was fed and whose newer part has bursts and gaps is judged on the
     # newer part: a job that starves now is not healthy because it was fed six seconds ago.
     changed = ev.duty_since_change is not None and ev.change_age_s is not None
@@ -99,16 +90,18 @@ def classify(
         held = f" (clocks held down: {ev.clock_held})" if ev.clock_held else ""
         sm = ev.sm_while_busy
         if sm is not None:  # GPM: busy is not enough, the SMs must be too
-            limit = th.small_kernels_sm + (th.hysteresis if current == "underutilized" else 0.0)
+            limit = th.small_kernels_sm + (th.hysteresis if current == State.UNDERUTILIZED else 0.0)
             if sm < limit:
                 return result(
-                    "underutilized",
-                    SMALL_KERNELS,
+                    State.UNDERUTILIZED,
+                    Cause.SMALL_KERNELS,
                     _conf(limit - sm, 0.2),
                     f"kernels ran {duty:.0%} of the time but filled only {sm:.0%} of the SMs while "
                     f"running: kernels too small for the GPU (a small batch, launch-bound steps){held}",
                 )
-        return result("healthy", None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time{held}")
+        return result(
+            State.HEALTHY, None, _conf(duty - fed, 0.1), f"kernels ran {duty:.0%} of the time{held}"
+        )
 
     short = _conf(fed - duty, 0.3)
     busiest = ev.busiest_job_core
@@ -145,7 +138,7 @@ def classify(
     if contended and not storage_waits:
         assert demand is not None and busiest is not None
         return starved(
-            "cpu",
+            Cause.CPU,
             short,
             f"GPU idle {idle_share:.0%} of the time while a job process wants {demand:.0%} of a core "
             f"(runs {busiest:.0%}, waits for a CPU the rest): the input pipeline is CPU-bound on a busy host",
@@ -157,7 +150,7 @@ def classify(
             else f"host CPU at {ev.host_cpu_ratio or 0:.0%}"
         )
         return starved(
-            "cpu",
+            Cause.CPU,
             short,
             f"GPU idle {idle_share:.0%} of the time while {who}: the input pipeline is CPU-bound",
         )
@@ -169,18 +162,21 @@ def classify(
         else:
             what = f"iowait {ev.iowait_ratio or 0:.0%}"
         return starved(
-            "io",
+            Cause.IO,
             short,
             f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
         )
     if bursty:
         return starved(
-            "host",
+            Cause.HOST,
             short * 0.9,
             f"bursts and gaps (idle {idle_share:.0%}, utilization swinging "
             f"{ev.p5:.0%}-{ev.p95:.0%}) with no saturated CPU or storage: "
             "waiting on the host for another reason",
         )
     return result(
-        "underutilized", None, short, f"steady {duty:.0%} use without gaps: the work is too small for the GPU"
+        State.UNDERUTILIZED,
+        None,
+        short,
+        f"steady {duty:.0%} use without gaps: the work is too small for the GPU",
     )

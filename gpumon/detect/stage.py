@@ -5,16 +5,36 @@ replays a trace through the sampler on a virtual clock), so live and offline ver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
-from gpumon.collect.sampler import Sampler
-from gpumon.core.model import HostSample, Tick
+from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.detect.evidence import GpuWindow
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import FleetDetector, Verdict
 
 T = TypeVar("T")
+
+
+class GpuHistoryLike(Protocol):
+    """One GPU's recent samples and sub-second utilization points, oldest first."""
+
+    @property
+    def samples(self) -> Sequence[GpuSample]: ...
+
+    @property
+    def points(self) -> Sequence[UtilPoint]: ...
+
+
+class HistoriesLike(Protocol):
+    """The sampler's ring buffers, as the stage reads them (gpumon.collect.sampler.Sampler): the
+    detector's layer names the shape it needs and never imports the collection layer."""
+
+    @property
+    def history(self) -> Mapping[tuple[int, str], GpuHistoryLike]: ...
+
+    @property
+    def host_history(self) -> Sequence[HostSample]: ...
 
 
 def _recent(items: Sequence[T], since: float) -> tuple[T, ...]:
@@ -39,7 +59,7 @@ def _recent_hosts(hosts: Sequence[HostSample], since: float) -> tuple[HostSample
     return tuple(out)
 
 
-def windows_for(sampler: Sampler, tick: Tick, th: Thresholds) -> list[GpuWindow]:
+def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:
     t = tick.t_s
     hosts = _recent_hosts(sampler.host_history, t - th.host_window_s)
     since = t - th.window_s
@@ -55,7 +75,7 @@ class DetectorSink:
     """The detector stage of the pipeline: after each tick, a window per GPU in, verdicts out.
     Keeps the latest verdicts (what the daemon publishes)."""
 
-    def __init__(self, sampler: Sampler, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+    def __init__(self, sampler: HistoriesLike, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
         self.sampler = sampler
         self.thresholds = thresholds
         self.fleet = FleetDetector(thresholds)

@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpumon.detect.classify import STATES, WASTEFUL, Classification, classify, state_label
+from gpumon.detect.classify import Classification, classify
 from gpumon.detect.evidence import Evidence, GpuWindow, gather
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 
 MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU (a long-running daemon stays bounded; totals are kept)."""
@@ -19,8 +20,8 @@ MAX_EPISODES_KEPT = 200
 class Episode:
     index: int
     uuid: str
-    state: str
-    cause: str | None
+    state: State
+    cause: Cause | None
     """The cause that held longest in the episode (its label's); `causes` has every change."""
     start_s: float
     end_s: float | None
@@ -33,7 +34,7 @@ class Episode:
     a whole window before its end (so never a job's start-up or teardown). An episode too short to
     have one shows the lowest-duty window that agrees with it."""
     reason: str
-    causes: tuple[tuple[float, str | None], ...] = ()
+    causes: tuple[tuple[float, Cause | None], ...] = ()
     """(from when, cause) for each cause the episode had, in order: the state is confirmed on its own,
     and the cause refines within the episode (host, then cpu, as a job's workers show up)."""
 
@@ -51,8 +52,8 @@ class Verdict:
     index: int
     uuid: str
     name: str
-    state: str
-    cause: str | None
+    state: State
+    cause: Cause | None
     confidence: float
     since_s: float
     reason: str
@@ -67,27 +68,27 @@ class Verdict:
         return state_label(self.state, self.cause)
 
 
-def waste_share(state: str, evidence: Evidence) -> float:
+def waste_share(state: State, evidence: Evidence) -> float:
     """Share of a second of GPU time wasted in this state: the idle share of a starved or
     underutilized GPU (with GPM, of an underutilized one: the share of SMs idle); all of it for a
     stalled GPU or one spinning in a collective."""
     if state not in WASTEFUL:
         return 0.0
-    if state in ("stalled", "sync-stall") or evidence.duty_cycle is None:
+    if state in (State.STALLED, State.SYNC_STALL) or evidence.duty_cycle is None:
         return 1.0
-    if state == "underutilized" and evidence.sm_active is not None:
+    if state == State.UNDERUTILIZED and evidence.sm_active is not None:
         return max(0.0, 1.0 - evidence.sm_active)  # GPM: the SMs left waiting, busy or not
     return max(0.0, 1.0 - evidence.duty_cycle)
 
 
 @dataclass
 class _Open:
-    state: str
-    cause: str | None
+    state: State
+    cause: Cause | None
     start_s: float
     reason: str
-    causes: list[tuple[float, str | None]] = field(default_factory=list)
-    cause_s: dict[str | None, float] = field(default_factory=dict)
+    causes: list[tuple[float, Cause | None]] = field(default_factory=list)
+    cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause: the longest names a closed episode."""
     wasted_gpu_s: float = 0.0
     duty_sum: float = 0.0
@@ -112,25 +113,25 @@ class StarvationDetector:
 
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     expected_period_s: float | None = None
-    seconds_in_state: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+    seconds_in_state: dict[State, float] = field(default_factory=lambda: dict.fromkeys(State, 0.0))
     wasted_gpu_s: float = 0.0
     episodes_started: dict[str, int] = field(default_factory=dict)
-    starved_seconds_by_cause: dict[str, float] = field(default_factory=dict)
+    starved_seconds_by_cause: dict[Cause, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES_KEPT)
         self._open: _Open | None = None
-        self._candidate: str | None = None
+        self._candidate: State | None = None
         """A state seen but not yet confirmed (the cause does not take part: see feed)."""
         self._candidate_since = 0.0
-        self._cause_candidate: str | None = None
+        self._cause_candidate: Cause | None = None
         self._cause_since = 0.0
         self._last_t: float | None = None
         self._index, self._uuid = -1, ""
 
     @property
-    def state(self) -> str:
-        return self._open.state if self._open else "unknown"
+    def state(self) -> State:
+        return self._open.state if self._open else State.UNKNOWN
 
     @property
     def current(self) -> Episode | None:
@@ -144,7 +145,7 @@ class StarvationDetector:
         # A window not yet full (just started, samples missing) lowers the confidence.
         expected = round(th.window_s / ev.period_s) if ev.period_s else None
         if self._open is None:
-            self._open = _Open("unknown", None, t, "starting")
+            self._open = _Open(State.UNKNOWN, None, t, "starting")
         raw = classify(ev, th, self._open.state, window.gpu.available, expected_points=expected)
         key = (raw.state, raw.cause)
         op = self._open
@@ -189,7 +190,7 @@ class StarvationDetector:
             wasted_gpu_s=round(self.wasted_gpu_s, 3),
         )
 
-    def _switch(self, key: tuple[str, str | None], since: float, reason: str) -> None:
+    def _switch(self, key: tuple[State, Cause | None], since: float, reason: str) -> None:
         old = self._open
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))

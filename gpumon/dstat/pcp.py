@@ -25,8 +25,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,7 +320,6 @@ def probe(url: str, wait_s: float = 15.0) -> str:
 
 def _answers(url: str, basic_auth: str | None, timeout_s: float = 3.0) -> bool:
     """Whether the daemon serves /metrics/pcp at `url` now (what the PMDA will read)."""
-    import urllib.request
 
     request = urllib.request.Request(f"{url.rstrip('/')}/metrics/pcp")
     if basic_auth:
@@ -393,7 +394,6 @@ def _clear_instances(conf: dict[str, str]) -> None:
 def _stop_pmda(wait_s: float = 10.0) -> None:
     """End the running openmetrics PMDA (it saves its cache as it goes); pmcd starts it again on
     its next SIGHUP (_signal_pmcd)."""
-    import signal
 
     pids = []
     for entry in Path("/proc").iterdir():
@@ -426,7 +426,6 @@ def _zombie(pid: int) -> bool:
 def _signal_pmcd() -> None:
     """SIGHUP to pmcd: it re-reads pmcd.conf and starts the PMDAs that are not running (what PCP's
     pmsignal does; that lives outside PATH, in $PCP_BINADM_DIR)."""
-    import signal
 
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

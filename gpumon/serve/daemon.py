@@ -30,7 +30,10 @@ from gpumon.core.clock import Clock, MonotonicClock
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
-from gpumon.serve import health
+from gpumon.serve import (
+    health,
+    pcp,  # PCP's dialect, for the few hosts that ask for it
+)
 from gpumon.serve.analysis_api import AnalysisApi
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
@@ -180,7 +183,6 @@ class Daemon:
         return self.exposition.render(accept, gzip_ok)
 
     def render_pcp(self) -> bytes:
-        from gpumon.serve import pcp  # PCP's dialect, for the few hosts that ask for it
 
         return pcp.render(self.snapshot)
 

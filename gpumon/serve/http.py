@@ -186,6 +186,7 @@ class Authenticator:
         return ok
 
     def _bcrypt(self, user: str, password: bytes) -> bool:
+        # here, not at the top: basic auth only
         import bcrypt
 
         hashed = self._users.get(user)
@@ -199,6 +200,7 @@ class Authenticator:
     def _dummy_hash(self) -> bytes:
         """A hash with the cost of the configured ones, for unknown users (made once)."""
         if self._dummy is None:
+            # here, not at the top: basic auth only
             import bcrypt
 
             cost = int(next(iter(self._users.values()))[4:6])

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpumon import __version__
 from gpumon.core.model import GpuSample, JobRef, clock_reasons
-from gpumon.detect.classify import CAUSES, STATES
+from gpumon.detect.vocabulary import STARVATION_CAUSES, State
 from gpumon.serve.snapshot import Snapshot
 
 GPU_LABELS = ["gpu", "uuid", "mig"]
@@ -215,17 +215,17 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
             ):
                 if value is not None:
                     fam.add_metric(lv, round(value, 6))
-            for st in STATES:
+            for st in State:
                 state.add_metric([*lv, st], 1 if v.state == st else 0)
-            for c in CAUSES:
+            for c in STARVATION_CAUSES:
                 cause.add_metric([*lv, c], 1 if v.cause == c else 0)
             conf.add_metric(lv, v.confidence)
             since.add_metric(lv, round(s.t_s - v.since_s, 3))
         counters = s.counters.get((g.index, g.uuid))
         if counters is not None:
-            for st in STATES:
+            for st in State:
                 in_state.add_metric([*lv, st], round(counters.seconds_in_state.get(st, 0.0), 3))
-            for c in CAUSES:
+            for c in STARVATION_CAUSES:
                 starved.add_metric([*lv, c], round(counters.starved_seconds_by_cause.get(c, 0.0), 3))
             wasted.add_metric(lv, round(counters.wasted_gpu_s, 3))
             for label, n in sorted(counters.episodes_started.items()):

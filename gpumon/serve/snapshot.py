@@ -10,6 +10,7 @@ from gpumon.collect.pipeline.spec import SourceDescription
 from gpumon.collect.sampler import SourceStats
 from gpumon.core.model import Tick, clock_reasons
 from gpumon.detect.tracker import Episode, Verdict
+from gpumon.detect.vocabulary import Cause, State
 from gpumon.trace.recorder import RecorderStats
 from gpumon.trace.records import job_to_dict
 
@@ -20,8 +21,8 @@ SCHEMA = "gpumon-state/1"
 class GpuCounters:
     """Totals since the daemon started, per GPU (Prometheus counters)."""
 
-    seconds_in_state: dict[str, float]
-    starved_seconds_by_cause: dict[str, float]
+    seconds_in_state: dict[State, float]
+    starved_seconds_by_cause: dict[Cause, float]
     episodes_started: dict[str, int]
     wasted_gpu_s: float
     episodes: tuple[Episode, ...] = ()
@@ -85,9 +86,9 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 "temp_c": g.temp_c,
                 "processes": len(g.processes),
                 "pids": [p.pid for p in g.processes],
-                "state": v.state if v else "unknown",
+                "state": v.state if v else State.UNKNOWN,
                 "cause": v.cause if v else None,
-                "label": v.label if v else "unknown",
+                "label": v.label if v else State.UNKNOWN,
                 "confidence": v.confidence if v else 0.0,
                 "since_s": _r(s.t_s - v.since_s, 3) if v else None,
                 "reason": v.reason if v else None,

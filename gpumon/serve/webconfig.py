@@ -149,6 +149,7 @@ def load_web_config(path: str | None) -> WebConfig:
     (or at --check-config), naming the file and the key, never at the first client."""
     if path is None:
         return WebConfig()
+    # here, not at the top: a web config file only
     import yaml
 
     try:

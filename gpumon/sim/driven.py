@@ -34,10 +34,11 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import time
 
 from gpumon.core.clock import Clock
 from gpumon.sim.fleet import Fleet, GpuModel, SimGpu
-from gpumon.sim.scenarios import Phase, Scenario
+from gpumon.sim.scenarios import SCENARIOS, Phase, Scenario
 
 HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=(\d+)(?: rank=(\d+))?")
 RANKS = re.compile(r"#\s*gpumon-drive v2 ranks=(\d+)")
@@ -138,9 +139,6 @@ class DrivenFleet(Fleet):
     """The GPUs of the job writing `path`: GPU 0 from the start, one more per rank that appears."""
 
     def __init__(self, path: str, clock: Clock, sample_period_s: float) -> None:
-        import time
-
-        from gpumon.sim.scenarios import SCENARIOS
 
         super().__init__([SCENARIOS["idle"]], 1, 0, clock, sample_period_s)
         self.path = path

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpumon import __version__
 from gpumon.core.model import (
     GpmActivity,
     GpuProcess,
@@ -140,7 +141,6 @@ def tick_to_dict(t: Tick) -> dict[str, Any]:
 
 
 def make_header(source: dict[str, Any], interval_s: float, version: int = VERSION) -> dict[str, Any]:
-    from gpumon import __version__
 
     return {
         "type": "header",

@@ -89,8 +89,6 @@ class Pipeline:
         cgroups = attribution.cgroups and spec.kind != "simulated"
         kubelet = None
         if attribution.kubelet_socket is not None:
-            from gpumon.collect.sources.kubelet import KubeletClient
-
             kubelet = KubeletClient(self.problems, attribution.kubelet_socket, attribution.kubelet_refresh_s)
             kubelet.start()  # its own thread: the kubelet is never asked on a tick or a scrape
             self._kubelet = kubelet

@@ -10,9 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.collect.pipeline.spec import SourceDescription, SourceSpec
 from gpumon.collect.sampler import GpuSource, HostSourceLike
+from gpumon.collect.sources.host import HostSource, load_psutil
+from gpumon.collect.sources.nvml.source import NvmlSource, load_pynvml
+from gpumon.collect.sources.replay import ReplayHost, ReplaySource
 from gpumon.core.clock import Clock
+from gpumon.core.errors import TraceError
 from gpumon.core.guard import CallGuard
 from gpumon.core.problems import Problems
+from gpumon.sim.driven import driven_fleet
+from gpumon.sim.fakehost import FakeHost
+from gpumon.sim.fakenvml import FakeNvml
+from gpumon.sim.fleet import Fleet
+from gpumon.sim.scenarios import SCENARIOS
+from gpumon.trace.reader import read_trace
 
 if TYPE_CHECKING:
     from gpumon.trace.reader import Trace
@@ -48,9 +58,6 @@ def open_sources(
     if spec.kind == "driven":
         return _driven(spec, clock, problems)
     if spec.kind == "simulated":
-        from gpumon.sim.fleet import Fleet
-        from gpumon.sim.scenarios import SCENARIOS
-
         fleet = Fleet(
             [SCENARIOS[n] for n in spec.scenarios], spec.gpus, spec.seed, clock, spec.sample_period_s
         )
@@ -63,10 +70,6 @@ def open_sources(
 
 def simulated(fleet: Any, description: SourceDescription, problems: Problems) -> OpenedSources:
     """A simulated fleet behind the real NvmlSource and HostSource (also for the corpus)."""
-    from gpumon.collect.sources.host import HostSource
-    from gpumon.collect.sources.nvml import NvmlSource
-    from gpumon.sim.fakehost import FakeHost
-    from gpumon.sim.fakenvml import FakeNvml
 
     nvml = NvmlSource(FakeNvml(fleet), problems)
     nvml.open()
@@ -76,7 +79,6 @@ def simulated(fleet: Any, description: SourceDescription, problems: Problems) ->
 
 
 def _replay(spec: SourceSpec) -> OpenedSources:
-    from gpumon.trace.reader import read_trace
 
     assert spec.file is not None
     return replayed(read_trace(spec.file))
@@ -85,8 +87,6 @@ def _replay(spec: SourceSpec) -> OpenedSources:
 def replayed(trace: Trace) -> OpenedSources:
     """A trace already read, played back (also what `analyze` runs the detector over). A trace
     with no ticks is refused here, the one rule for `analyze` and every replay."""
-    from gpumon.collect.sources.replay import ReplayHost, ReplaySource
-    from gpumon.core.errors import TraceError
 
     if not trace.ticks:
         raise TraceError(
@@ -103,10 +103,6 @@ def replayed(trace: Trace) -> OpenedSources:
 
 
 def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources:
-    from gpumon.collect.sources.host import HostSource, load_psutil
-    from gpumon.collect.sources.nvml import NvmlSource
-    from gpumon.sim.driven import driven_fleet
-    from gpumon.sim.fakenvml import FakeNvml
 
     assert spec.file is not None
     fleet = driven_fleet(spec.file, clock, spec.sample_period_s)
@@ -122,8 +118,6 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
 
 
 def _nvml(problems: Problems, retry: bool, gpm: bool = True) -> OpenedSources:
-    from gpumon.collect.sources.host import HostSource, load_psutil
-    from gpumon.collect.sources.nvml import NvmlSource, load_pynvml
 
     # A real driver can hang a call (a GPU falling off the bus): every call that may hang is
     # bracketed by the guard, and the pipeline supervises the thread that makes it.

@@ -27,6 +27,7 @@ log = logging.getLogger("gpumon.host")
 
 
 def load_psutil() -> ModuleType:
+    # here, not at the top: the real host only (a simulated run never loads it)
     import psutil
 
     return psutil  # type: ignore[no-any-return]  # untyped: seen as Any

@@ -147,8 +147,10 @@ class KubeletClient:
                 "permission", f"permission denied on {self.socket_path} (run as root, or mount it read-write)"
             )
         try:
+            # here, not at the top: the kubelet's gRPC API (extra k8s): only where a kubelet is asked
             import grpc
 
+            # here, not at the top: generated gRPC stubs (extra k8s): only where a kubelet is asked
             from gpumon.collect.sources.podresources import api_pb2, api_pb2_grpc
         except ImportError as e:
             raise _KubeletDown(

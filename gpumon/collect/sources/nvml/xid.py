@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpumon.collect.sources.nvml.codes import TIMEOUT, code_of
 from gpumon.core.model import XidCount
 from gpumon.core.problems import Problems
 
@@ -25,8 +26,6 @@ XID_CRITICAL_ERROR = 0x8
 """nvmlEventTypeXidCriticalError (nvml.h)."""
 NO_INSTANCE = 0xFFFFFFFF
 """gpuInstanceId of an event not attributable to one MIG instance."""
-_TIMEOUT = 10
-"""NVML_ERROR_TIMEOUT: nothing happened within the wait."""
 DEFAULT_WAIT_MS = 500
 
 Key = tuple[int, int | None]
@@ -96,7 +95,7 @@ class XidWatcher:
             try:
                 data = nv.nvmlEventSetWait_v2(self._set, self._wait_ms)
             except self._error_type as e:
-                if getattr(e, "value", None) != _TIMEOUT:
+                if code_of(e) != TIMEOUT:  # TIMEOUT: nothing happened within the wait
                     self._problems.note("nvml:xid", f"nvml: waiting for XID events failed: {e}")
                     self._stop.wait(self._retry_s)  # do not spin on a failing driver
                     continue

@@ -1,0 +1,358 @@
+"""Read GPUs through NVML (NVIDIA's `pynvml` bindings, PyPI `nvidia-ml-py`): the only module of
+gpumon that loads them.
+
+The module to call is injected: the real `pynvml`, or a look-alike such as the simulator's
+(`gpumon.sim.fakenvml`). Only names and error codes are used, so both behave the same here. NVML
+never creates a CUDA context or allocates GPU memory, so polling does not disturb the job watched.
+
+Per field and per GPU, NVML's codes are read as gpumon.collect.sources.nvml.codes says: a field
+the GPU does not support is left out and not asked again; a lost GPU is marked unavailable for the
+tick, its handle dropped and fetched again next tick, so a GPU that comes back is picked up.
+
+Hung calls: with a CallGuard (gpumon.core.guard), every call that may hang is bracketed, per GPU
+and for the driver-wide ones (init, count). The sampling thread reads NVML itself, with no
+hand-off; when a supervisor finds it stuck in one GPU's call, it abandons the thread, that GPU is
+marked unavailable and skipped until the call returns, and a fresh thread goes on with the others.
+A driver-wide call that hangs makes the whole source fail fast (no NVML call at all) until it
+returns, so threads stay bounded: one per stuck GPU, one for a stuck driver, plus one.
+
+Beside each GPU's utilization, memory, power and processes: MIG instances (.mig), GPM activity
+(.gpm), clock-event reasons (.clocks) and XID errors (.xid, from an event thread).
+
+No driver at start: with `retry_init`, `poll` keeps trying nvmlInit with exponential backoff
+(1 s, 2 s, ... 60 s) and reports no GPUs meanwhile, so a daemon started before the driver picks
+it up when it appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from types import ModuleType
+from typing import Any
+
+from gpumon.collect.sources.nvml import codes
+from gpumon.collect.sources.nvml.clocks import ClockReading
+from gpumon.collect.sources.nvml.mig import MigReading, processes_of
+from gpumon.collect.sources.nvml.samples import GPU_UTILIZATION_SAMPLES, fresh_pairs, to_points
+from gpumon.collect.sources.nvml.state import GpuState
+from gpumon.core.errors import MissingDependency, NoDriverError
+from gpumon.core.guard import CallGuard
+from gpumon.core.model import DeviceInfo, GpuSample, UtilPoint
+from gpumon.core.problems import Problems
+
+TEMPERATURE_GPU = 0
+PCIE_TX, PCIE_RX = 0, 1
+DRIVER = "driver"
+"""What a driver-wide call (init, count) is guarded as."""
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _ratio(percent: int) -> float:
+    return percent / 100.0 if 0 <= percent <= 100 else (1.0 if percent > 100 else 0.0)
+
+
+class NvmlSource(MigReading, ClockReading):
+    """Samples every GPU NVML reports. `poll(t_s)` never raises for one GPU's failure."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        nvml: ModuleType | Any,
+        problems: Problems | None = None,
+        *,
+        guard: CallGuard | None = None,
+        retry_init: bool = False,
+        gpm: bool = True,
+    ) -> None:
+        """`gpm=False`: never read GPM (benchmarks compare; a site whose profilers, Nsight or
+        DCGM profiling, must have the counters to themselves)."""
+        super().__init__(nvml, problems, guard)
+        self._gpus: dict[int, GpuState] = {}
+        self._open = False
+        self._retry_init = retry_init
+        self._next_init_t = 0.0
+        self._init_backoff_s = 1.0
+        self._driver_stuck_since: float | None = None
+        self._init_error = "NVML not initialised yet"
+        self._gpm_on = gpm
+        self._activity_units = []
+        if guard is not None:
+            guard.on_hang = self._hung
+            guard.on_return = self._returned
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Initialise NVML; raise NoDriverError with a one-line hint when there is no driver.
+
+        With `retry_init`, a missing driver is not an error: `poll` retries with backoff."""
+        if self._driver_stuck_since is not None:
+            self._no_driver("an earlier driver-wide NVML call (nvmlInit) has not returned")
+            return
+        try:
+            self._enter(DRIVER)
+            try:
+                self._nvml.nvmlInit()
+            finally:
+                self._leave()
+        except self._error_type as e:
+            self._no_driver(codes.init_failure(e))
+            return
+        except OSError as e:  # a library that exists but cannot be loaded
+            self._no_driver(codes.NO_DRIVER_HINT.format(why=str(e)))
+            return
+        self._open = True
+        self._init_backoff_s = 1.0
+        self._problems.clear("nvml:driver")
+
+    def _no_driver(self, message: str) -> None:
+        if not self._retry_init:
+            raise NoDriverError(message)
+        self._init_error = message  # poll reports it as the source's failure (source down)
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def close(self) -> None:
+        self._xid.stop()
+        if self._open and self._driver_stuck_since is None:
+            for state in self._gpus.values():
+                for unit in (state, *state.migs.values()):
+                    self._forget_unit(unit)
+            try:
+                self._nvml.nvmlShutdown()
+            except self._error_type:
+                pass
+            self._open = False
+
+    # -- hung calls ------------------------------------------------------------------------------
+
+    def _hung(self, what: Hashable, since: float) -> None:
+        """The guard gave up on a thread stuck in a call on `what` (a GPU index, or the driver)."""
+        if what == DRIVER:
+            self._driver_stuck_since = since
+            self._problems.note(
+                "nvml:driver", "nvml: a driver-wide NVML call does not return: NVML is not read until it does"
+            )
+        elif isinstance(what, int):
+            self._gpus.setdefault(what, GpuState(what)).stuck_since = since
+
+    def _returned(self, what: Hashable) -> None:
+        """A call given up on has returned: read that GPU (or the driver) again from the next tick."""
+        if what == DRIVER:
+            self._driver_stuck_since = None
+        elif isinstance(what, int) and what in self._gpus:
+            state = self._gpus[what]
+            state.stuck_since = None
+            state.handle = None
+
+    def _check_driver_not_stuck(self, call: str) -> None:
+        if self._driver_stuck_since is not None:
+            raise RuntimeError(f"{call} not attempted: an earlier driver-wide NVML call has not returned")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def devices(self) -> list[DeviceInfo]:
+        out = []
+        for index in range(self._count()):
+            try:
+                state = self._state(index)
+                mem = self._field(state, "memory", self._nvml.nvmlDeviceGetMemoryInfo, state.handle)
+            except (codes.GpuLost, self._error_type) as e:
+                self._problems.note(f"nvml:gpu {index}:unavailable", f"gpu {index}: unavailable: {_why(e)}")
+                out.append(DeviceInfo(index, self._gpus.get(index, GpuState()).uuid, "", None))
+                continue
+            out.append(DeviceInfo(index, state.uuid, state.name, None if mem is None else int(mem.total)))
+        return out
+
+    def poll(self, t_s: float) -> list[GpuSample]:
+        if not self._open:
+            if not self._retry_init:
+                return []
+            if t_s >= self._next_init_t:
+                self.open()
+            if not self._open:
+                if t_s >= self._next_init_t:
+                    self._next_init_t = t_s + self._init_backoff_s
+                    self._init_backoff_s = min(60.0, self._init_backoff_s * 2)
+                # a missing driver is the source failing (gpumon_source_up 0), not "0 GPUs, all fine"
+                raise NoDriverError(f"{self._init_error}; retrying with backoff (up to 60 s)")
+        samples: list[GpuSample] = []
+        for index in range(self._count()):
+            state = self._gpus.get(index)
+            if state is not None and state.stuck_since is not None:
+                samples.append(self._unavailable(index, t_s, "an NVML call on this GPU does not return"))
+                continue
+            self._enter(index)
+            units: list[GpuSample] = []
+            try:
+                sample = self._poll_gpu(index, t_s)
+                state = self._gpus[index]
+                if state.migs:
+                    units = self._poll_migs(state, t_s)
+            except (codes.GpuLost, self._error_type) as e:
+                why = _why(e)
+                sample = self._unavailable(index, t_s, why)
+                state = self._gpus.get(index)
+                if state is not None:
+                    state.handle = None  # ask for a fresh handle next tick
+                    state.mig_checked_t = None
+                    units = [self._unavailable_unit(m, t_s, why) for _, m in sorted(state.migs.items())]
+            finally:
+                self._leave()
+            samples.append(sample)
+            samples.extend(units)
+        return samples
+
+    def _count(self) -> int:
+        self._check_driver_not_stuck("nvmlDeviceGetCount")
+        self._enter(DRIVER)
+        try:
+            count = int(self._nvml.nvmlDeviceGetCount())
+        except self._error_type as e:
+            # The whole driver is gone (e.g. unloaded): let the sampler count it as a source failure.
+            raise RuntimeError(f"nvmlDeviceGetCount failed: {codes.describe(e)}") from None
+        finally:
+            self._leave()
+        if self._problems.any_active:
+            self._problems.clear("nvml:driver")
+        return count
+
+    def _unavailable(self, index: int, t_s: float, why: str) -> GpuSample:
+        self._problems.note(f"nvml:gpu {index}:unavailable", f"gpu {index}: unavailable: {why}")
+        state = self._gpus.get(index)
+        xids, last_xid = self._xid.seen(index, None)  # a GPU falling off the bus says XID 79 as it goes
+        return GpuSample(
+            t_s=t_s,
+            index=index,
+            uuid=state.uuid if state else "",
+            name=state.name if state else "",
+            available=False,
+            error=why,
+            xids=xids,
+            last_xid=last_xid,
+        )
+
+    def _state(self, index: int) -> GpuState:
+        state = self._gpus.get(index)
+        if state is None:
+            state = self._gpus[index] = GpuState(index)
+        if state.handle is None:
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+                name = _text(self._nvml.nvmlDeviceGetName(handle))
+            except self._error_type as e:
+                codes.raise_if_lost(e)
+                raise
+            state.handle, state.uuid, state.name = handle, uuid, name
+            if not state.xid_registered:
+                state.xid_registered = True
+                if self._xid.register(index, handle):
+                    self._xid.start()
+        return state
+
+    def _poll_gpu(self, index: int, t_s: float) -> GpuSample:
+        nv = self._nvml
+        state = self._state(index)
+        h = state.handle
+        if state.failing:
+            state.failing.clear()
+        util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+        mem = self._memory(state)
+        power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
+        limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
+        rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
+        tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
+        procs = self._processes(state)
+        history = self._history(state, t_s)
+        gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
+        if state.activity is not None:  # no utilization samples here: GPM's activity instead
+            history, gpm = self._drain(state, t_s)
+        clock_bits = self._clock_events(state, t_s)
+        if "mig" not in state.unsupported:
+            self._scan_migs(state, t_s)
+        xids, last_xid = self._xid.seen(index, None)
+        if self._problems.any_active:  # this GPU answered: what failed before and not now is over
+            self._problems.clear_prefix(
+                f"nvml:gpu {index}:", keep={f"nvml:gpu {index}:{f}" for f in state.failing}
+            )
+        return GpuSample(
+            t_s=t_s,
+            index=index,
+            uuid=state.uuid,
+            name=state.name,
+            util_ratio=None if util is None else _ratio(util.gpu),
+            mem_util_ratio=None if util is None else _ratio(util.memory),
+            mem_used_bytes=None if mem is None else int(mem.used),
+            mem_total_bytes=None if mem is None else int(mem.total),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+            temp_c=None if temp is None else float(temp),
+            pcie_rx_bytes_per_s=None if rx_kb is None else rx_kb * 1024.0,
+            pcie_tx_bytes_per_s=None if tx_kb is None else tx_kb * 1024.0,
+            processes=processes_of(procs),
+            util_history=history,
+            gpm=gpm,
+            clock_events=clock_bits,
+            clock_event_s=tuple(state.clock_s.items()) if state.clock_s else (),
+            xids=xids,
+            last_xid=last_xid,
+        )
+
+    def _history(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
+        """The driver's utilization samples since the last tick's, on the sampler's clock."""
+        if "samples" in state.unsupported:
+            return ()
+        try:
+            value_type, raw = self._nvml.nvmlDeviceGetSamples(
+                state.handle, GPU_UTILIZATION_SAMPLES, state.last_seen_ts_us
+            )
+        except self._error_type as e:
+            code = codes.code_of(e)
+            if code == codes.NOT_FOUND:  # nothing newer than last seen: an idle or quiet GPU
+                return ()
+            if code in codes.UNSUPPORTED:
+                state.unsupported.add("samples")
+                return ()
+            codes.raise_if_lost(e)
+            state.failing.add("samples")
+            self._problems.note(
+                f"nvml:gpu {state.index}:samples", f"gpu {state.index} samples: {codes.describe(e)}"
+            )
+            return ()
+        fresh = fresh_pairs(value_type, raw, state.last_seen_ts_us)
+        if not fresh:
+            return ()
+        newest = fresh[-1][0]
+        state.aligner.observe(t_s, newest)
+        state.last_seen_ts_us = newest
+        points = to_points(fresh, state.aligner.offset_s)
+        if state.first_poll:
+            # The buffer's history from before we started: keep only the last second of it.
+            state.first_poll = False
+            points = [p for p in points if p.t_s > t_s - 1.0]
+        return tuple(points)
+
+
+def _why(e: BaseException) -> str:
+    """A GPU's reading failed: GpuLost already carries its description."""
+    return str(e) if isinstance(e, codes.GpuLost) else codes.describe(e)
+
+
+def load_pynvml() -> ModuleType:
+    """Import the real bindings (kept out of module scope so simulated runs never load them)."""
+    try:
+        # here, not at the top: the NVIDIA bindings: real GPUs only (a simulated run never loads them)
+        import pynvml
+    except ImportError:
+        raise MissingDependency(
+            "NVIDIA's Python bindings are missing: pip install nvidia-ml-py (imported as pynvml)"
+        ) from None
+    return pynvml  # type: ignore[no-any-return]  # untyped: seen as Any

@@ -1,0 +1,55 @@
+"""What the NVML source keeps per GPU (and per MIG instance) between ticks."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.collect.sources.nvml.gpm_unit import GpmUnit
+from gpumon.collect.sources.nvml.samples import SampleClockAligner
+from gpumon.core.model import UtilPoint
+
+
+@dataclass
+class GpuState:
+    index: int = -1
+    handle: Any = None
+    uuid: str = ""
+    name: str = ""
+    last_seen_ts_us: int = 0
+    first_poll: bool = True
+    aligner: SampleClockAligner = field(default_factory=SampleClockAligner)
+    unsupported: set[str] = field(default_factory=set)
+    memory_v1: bool = False
+    """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""
+    stuck_since: float | None = None
+    """Set while a call on this GPU has not returned (its thread was abandoned)."""
+    failing: set[str] = field(default_factory=set)
+    """Fields that failed in this tick's reading (their problems stay active)."""
+    mig: int | None = None
+    """A MIG instance's GPU instance id (this state is then one of its parent's `migs`)."""
+    parent: GpuState | None = None
+    migs: dict[int, GpuState] = field(default_factory=dict)
+    mig_checked_t: float | None = None
+    gpm: GpmUnit | None = None
+    gpm_checked: bool = False
+    activity: GpmUnit | None = None
+    """A unit without utilization samples (a MIG instance): GPM's graphics activity sampled
+    between ticks too (gpumon.collect.sources.nvml.gpm), each step a point of its activity
+    history; the tick's GPM figures cover the whole second since the last tick."""
+    pending: deque[UtilPoint] = field(default_factory=lambda: deque(maxlen=64))
+    """Activity points sampled since the last tick."""
+    clock_bits: int | None = None
+    clock_prev_t: float | None = None
+    clock_s: dict[str, float] = field(default_factory=dict)
+    xid_registered: bool = False
+
+    @property
+    def tag(self) -> str:
+        """What problem keys name it by: `0`, or `0/3` for GPU 0's MIG instance 3."""
+        return str(self.index) if self.mig is None else f"{self.index}/{self.mig}"
+
+    @property
+    def where(self) -> str:
+        return f"gpu {self.index}" if self.mig is None else f"gpu {self.index} mig {self.mig}"
