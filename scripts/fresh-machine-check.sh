@@ -15,15 +15,22 @@ root=${1:-/var/tmp/gpumon-fresh}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 [ "$(id -u)" -eq 0 ] || { echo "fresh-machine-check: needs root (debootstrap, chroot)" >&2; exit 1; }
 command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
+# the root shares this machine's network and processes: a pmcd already running here would answer
+# in its place (and PCP's scripts in the root would refuse to start their own)
+if pgrep -x pmcd >/dev/null; then
+  echo "fresh-machine-check: pmcd runs on this machine (pid $(pgrep -x pmcd | head -1)): stop it first" \
+    "(systemctl stop pmcd, or /etc/init.d/pmcd stop): the root would meet it on port 44321" >&2
+  exit 1
+fi
 
 mounted=()
 cleanup() {
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -R -l "${mounted[$i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-bind() {  # bind SRC at the same path inside the root (read-only with ro)
+bind() {  # bind SRC (and what is mounted below it) at the same path inside the root; ro: read-only
   mkdir -p "$root$1"
-  mount --bind "$1" "$root$1"
+  mount --rbind "$1" "$root$1"
   mounted+=("$root$1")
   [ "${2:-}" != ro ] || mount -o remount,bind,ro "$root$1"
 }
@@ -37,8 +44,10 @@ start=$(date +%s)
 debootstrap --include=systemd,ca-certificates bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 \
   || { tail -n 20 "$root.debootstrap.log" >&2; exit 1; }
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# what an installer (or a container runtime) writes and debootstrap does not: the host's own name
+printf '127.0.1.1\t%s\n' "$(hostname)" >>"$root/etc/hosts"
 [ -d /etc/apt/apt.conf.d ] && cp /etc/apt/apt.conf.d/99* "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
-bind /proc; bind /sys; bind /dev; bind /dev/pts
+bind /proc; bind /sys; bind /dev  # /sys with /sys/fs/cgroup: slurmd needs it
 for conf in /etc/pip.conf /etc/xdg/pip /root/.config/pip; do
   [ -e "$conf" ] && { mkdir -p "$root$(dirname "$conf")"; cp -r "$conf" "$root$conf"; }
 done

@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpumon.collect.pipeline import Pipeline, SourceSpec
 from gpumon.collect.pipeline.sources import OpenedSources, replayed
@@ -27,12 +27,9 @@ from gpumon.core.problems import Problems
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import main_label
-from gpumon.trace.range import GpuSelection, read_range
+from gpumon.trace.range import GpuSelection, Span, read_range
 from gpumon.trace.reader import Trace, read_trace
 from gpumon.trace.segments import list_segments
-
-if TYPE_CHECKING:
-    from gpumon.trace.range import GpuSelection, Span
 
 SCHEMA = "gpumon-analysis/1"
 

@@ -227,6 +227,9 @@ def launch(plan: RankPlan, ranks: int) -> int:
         "torch.distributed.run",
         "--standalone",
         "--nnodes=1",
+        # one machine: ranks meet on loopback, never by looking up the host's name (a container
+        # or chroot whose /etc/hosts lacks it would hang there)
+        "--local-addr=127.0.0.1",
         f"--nproc-per-node={ranks}",
         "--module",
         "gpumon.bench.ranks",
@@ -236,6 +239,7 @@ def launch(plan: RankPlan, ranks: int) -> int:
     # CUDA numbers GPUs fastest first unless told otherwise; NVML (and so gpumon) in PCI bus order:
     # the same order makes rank R's GPU gpumon's GPU R, as the truth records say
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the CPU ranks' backend, on loopback too
     return subprocess.run(cmd, env=env, check=False).returncode
 
 

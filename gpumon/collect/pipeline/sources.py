@@ -1,12 +1,13 @@
-"""Open what a SourceSpec names. This sits above both gpumon.collect.sources and gpumon.sim: the sources
-never import the simulator; here the simulator's look-alikes are put behind the real NvmlSource
-and HostSource, so simulated runs take the same code paths as real GPUs."""
+"""Open what a SourceSpec names. This sits above both gpumon.collect.sources and gpumon.sim (the
+sources never import the simulator): here the simulator's look-alikes are put behind the real
+NvmlSource and HostSource, so simulated runs take the same code paths as real GPUs. The bindings
+themselves (pynvml, psutil) load only when real GPUs are opened (load_pynvml, load_psutil)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpumon.collect.pipeline.spec import SourceDescription, SourceSpec
 from gpumon.collect.sampler import GpuSource, HostSourceLike
@@ -22,10 +23,7 @@ from gpumon.sim.fakehost import FakeHost
 from gpumon.sim.fakenvml import FakeNvml
 from gpumon.sim.fleet import Fleet
 from gpumon.sim.scenarios import SCENARIOS
-from gpumon.trace.reader import read_trace
-
-if TYPE_CHECKING:
-    from gpumon.trace.reader import Trace
+from gpumon.trace.reader import Trace, read_trace
 
 
 @dataclass
