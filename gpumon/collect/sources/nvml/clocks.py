@@ -3,6 +3,8 @@ with the seconds spent in each summed since gpumon started."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpumon.collect.sources.nvml.reader import NvmlReader, nvml_function
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.core.model import clock_reasons
@@ -12,6 +14,9 @@ CLOCK_GAP_CAP_S = 5.0
 
 
 class ClockReading(NvmlReader):
+    _clock_fn: Any
+    """nvmlDeviceGetCurrentClocksEventReasons, looked up once (every GPU asks on every tick)."""
+
     def _clock_events(self, state: GpuState, t_s: float) -> int | None:
         """The reasons now; the time since the last tick is charged to the reasons seen then."""
         nv = self._nvml

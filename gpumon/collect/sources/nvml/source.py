@@ -33,6 +33,7 @@ from typing import Any
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.clocks import ClockReading
 from gpumon.collect.sources.nvml.mig import MigReading, processes_of
+from gpumon.collect.sources.nvml.reader import nvml_function
 from gpumon.collect.sources.nvml.samples import GPU_UTILIZATION_SAMPLES, fresh_pairs, to_points
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.core.errors import MissingDependency, NoDriverError
@@ -42,6 +43,8 @@ from gpumon.core.problems import Problems
 
 TEMPERATURE_GPU = 0
 PCIE_TX, PCIE_RX = 0, 1
+PLAIN_FIELDS = frozenset({"utilization", "power", "power_limit", "temperature", "pcie_rx", "pcie_tx"})
+"""Fields read with one call each and no rule of their own: one try covers them all."""
 DRIVER = "driver"
 """What a driver-wide call (init, count) is guarded as."""
 
@@ -80,6 +83,7 @@ class NvmlSource(MigReading, ClockReading):
         self._init_error = "NVML not initialised yet"
         self._gpm_on = gpm
         self._activity_units = []
+        self._clock_fn = nvml_function(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
         if guard is not None:
             guard.on_hang = self._hung
             guard.on_return = self._returned
@@ -263,13 +267,31 @@ class NvmlSource(MigReading, ClockReading):
         h = state.handle
         if state.failing:
             state.failing.clear()
-        util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+        util = power_mw = limit_mw = temp = rx_kb = tx_kb = None
+        read = False
+        if state.plain_answered and not state.failing:
+            # The usual tick: every plain field has answered before, so all are read without a
+            # wrapper per call (this runs for every GPU on every tick: benchmarks/nvml_cost.py).
+            # Any error: the careful path below.
+            try:
+                util = nv.nvmlDeviceGetUtilizationRates(h)
+                power_mw = nv.nvmlDeviceGetPowerUsage(h)
+                limit_mw = nv.nvmlDeviceGetEnforcedPowerLimit(h)
+                temp = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
+                rx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_RX)
+                tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
+                read = True
+            except self._error_type:
+                pass
+        if not read:  # field by field, under NVML's rules (gpumon.collect.sources.nvml.codes)
+            util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+            power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
+            limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
+            rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
+            tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
+            state.plain_answered = not state.failing and state.unsupported.isdisjoint(PLAIN_FIELDS)
         mem = self._memory(state)
-        power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
-        limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
-        temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
-        rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
-        tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
         procs = self._processes(state)
         history = self._history(state, t_s)
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None

@@ -27,6 +27,9 @@ class GpuState:
     """Set while a call on this GPU has not returned (its thread was abandoned)."""
     failing: set[str] = field(default_factory=set)
     """Fields that failed in this tick's reading (their problems stay active)."""
+    plain_answered: bool = False
+    """Every plain field (source.PLAIN_FIELDS) answered on the last careful reading: the next
+    ticks read them on the fast path."""
     mig: int | None = None
     """A MIG instance's GPU instance id (this state is then one of its parent's `migs`)."""
     parent: GpuState | None = None
