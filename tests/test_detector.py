@@ -72,7 +72,16 @@ def ev(**kw) -> Evidence:
         (ev(duty_cycle=1.0, power_ratio=None), None, "healthy"),  # no power reading: no sync verdict
         (ev(duty_cycle=0.3, busiest_child_cpu_cores=0.99), None, "starved-cpu"),
         (ev(duty_cycle=0.3, main_cpu_cores=0.97), None, "starved-cpu"),  # the GIL: one feeder thread
-        (ev(duty_cycle=0.3, host_cpu_ratio=0.95), None, "starved-cpu"),  # no core left at all
+        # issue 25: busy neighbours. The job's processes are seen (not pinned): whoever keeps the
+        # host's cores busy, a steady gapless GPU is underutilized, not starved by them
+        (ev(duty_cycle=0.3, host_cpu_ratio=0.95), None, "underutilized"),
+        (
+            ev(duty_cycle=0.3, host_cpu_ratio=1.0, busiest_core_ratio=1.0, main_cpu_cores=0.0),
+            None,
+            "underutilized",
+        ),
+        # ... and with bursts and gaps too, the job's own processes (seen, quiet) speak for it
+        (ev(duty_cycle=0.3, bursty_quarters=3, host_cpu_ratio=0.95), None, "starved-host"),
         (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6), None, "starved-io"),
         # both: a pinned process is the more specific evidence
         (ev(duty_cycle=0.3, job_read_bytes_per_s=400e6, main_cpu_cores=0.99), None, "starved-cpu"),
@@ -95,6 +104,7 @@ def ev(**kw) -> Evidence:
                 main_cpu_cores=None,
                 busiest_child_cpu_cores=None,
                 iowait_ratio=0.3,
+                bursty_quarters=3,
             ),
             None,
             "starved-io",
@@ -107,9 +117,38 @@ def ev(**kw) -> Evidence:
                 main_cpu_cores=None,
                 busiest_child_cpu_cores=None,
                 busiest_core_ratio=1.0,
+                bursty_quarters=3,
             ),
             None,
             "starved-cpu",
+        ),
+        (
+            ev(
+                duty_cycle=0.3,
+                job_seen_on_host=False,
+                job_read_bytes_per_s=None,
+                main_cpu_cores=None,
+                busiest_child_cpu_cores=None,
+                host_cpu_ratio=0.97,
+                bursty_quarters=3,
+            ),
+            None,
+            "starved-cpu",
+        ),
+        # ... but only with starvation's signature: a steady GPU gets no cause from the host
+        (
+            ev(
+                duty_cycle=0.3,
+                job_seen_on_host=False,
+                job_read_bytes_per_s=None,
+                main_cpu_cores=None,
+                busiest_child_cpu_cores=None,
+                host_cpu_ratio=0.97,
+                busiest_core_ratio=1.0,
+                iowait_ratio=0.3,
+            ),
+            None,
+            "underutilized",
         ),
         # no process at all: nothing on the host is this GPU's doing
         (

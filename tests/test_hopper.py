@@ -299,6 +299,9 @@ def test_serve_on_a_mig_gpu_flags_the_starved_instance_and_an_xid_79_fires_its_a
     assert after, "no starved MIG instance with an XID counted within 40 s"
     sm = [x for x in after if x.startswith("gpumon_gpu_sm_active_ratio{")]
     assert len(sm) == 5 and sum('uuid="MIG-' in x for x in sm) == 3
+    # the MIG-enabled parent has no verdict of its own: `mig`, not `unknown` forever (issue 25)
+    parent = [x for x in after if x.startswith('gpumon_gpu_state{gpu="1",mig=""') and x.endswith(" 1.0")]
+    assert len(parent) == 1 and 'state="mig"' in parent[0], parent
     xid = [x for x in after if x.startswith("gpumon_gpu_xid_errors_total{")]
     assert xid == [x for x in xid if 'gpu="1"' in x and 'xid="79"' in x and 'mig=""' in x] and len(xid) == 1
     assert xid[0].endswith(" 1.0"), xid

@@ -41,11 +41,16 @@ LABELS = (
     "sync-stall",
     "underutilized",
     "underutilized-small-kernels",
+    "starting",
 )
-NEVER_STARVED = frozenset({"healthy", "idle", "underutilized", "underutilized-small-kernels"})
+NEVER_STARVED = frozenset({"healthy", "idle", "underutilized", "underutilized-small-kernels", "starting"})
 GPM_ONLY = frozenset({"underutilized-small-kernels"})
 MIG_SHARE = 0.4
 """Of the GPM cases, the share whose GPUs read as MIG instances do: activity from GPM at 5 Hz."""
+FLEET_LIFE_SHARE = 0.4
+"""Share of cases with what fleets live with (issue 25): neighbours that saturate the host's CPUs
+beside GPUs they do not feed, jobs that start up (the GPU held, no kernel yet) and jobs that
+take over a GPU from another."""
 HOPPER_SHARE = 0.3
 """Share of cases on GPUs with GPM (Hopper): SM activity read, some healthy GPUs power-capped,
 some running kernels too small for the GPU (only GPM tells those from fed), some as MIG instances
@@ -223,6 +228,54 @@ def _on_hopper(scenario: Scenario, rng: random.Random, mig: bool) -> Scenario:
     return replace(scenario, phases=tuple(phases))
 
 
+def _fleet_life(scen: list[Scenario], rng: random.Random, duration: int, period_s: float) -> list[Scenario]:
+    """One of: the host's CPUs saturated by neighbours (the GPUs' own processes as drawn; those
+    that are underutilized asleep), a job starting up on one GPU, or a job taking over a GPU."""
+    kind = rng.choice(("busy-host", "start-up", "job-change"))
+    out = list(scen)
+    if kind == "busy-host":
+        cores = max(8, min(128, 8 * len(out)))  # the simulated host's (gpumon.sim.fakehost)
+        for n, s in enumerate(out):
+            phases = []
+            for start, ph in s.phases:
+                if ph.stepped is False and ph.has_job and 0 < ph.duty < 0.8:  # steady low use: asleep
+                    ph = replace(ph, main_cpu=0.0, workers=0, worker_cpu=0.0, read_bytes_per_s=0.0)
+                phases.append((start, replace(ph, other_cores=float(cores) if n == 0 else 0.0)))
+            out[n] = replace(s, phases=tuple(phases))
+        return out
+    k = rng.randrange(len(out))
+    # a job that starts up and then runs (a stalled one would read starting until its grace is over)
+    label = rng.choice(
+        [lab for lab in LABELS if lab not in GPM_ONLY and lab not in ("idle", "starting", "stalled")]
+    )
+    if label == "starved-host" and period_s == 1.0:
+        label = "healthy"
+    job = draw_phase(label, rng, period_s)
+    prep = rng.uniform(10, 60)
+    if kind == "start-up":  # the recording begins as the job opens the GPU
+        first = replace(sc.STARTING, job=1, started_before_s=0.0)
+        second = replace(job, job=1, started_before_s=0.0)
+        out[k] = Scenario(
+            "start-up", "start-up", ((0.0, first), (prep, second)), ((0.0, "starting"), (prep, label))
+        )
+        return out
+    change = float(rng.randint(25, max(26, duration - 45)))
+    prep = min(prep, max(5.0, duration - change - 25))  # the new job trains long enough to be judged
+    before = out[k].phases[0][1]
+    if not before.has_job:
+        before = draw_phase("healthy", rng, period_s)
+    prepare = replace(sc.STARTING, job=1, started_before_s=0.0)
+    after = replace(job, job=1, started_before_s=0.0)
+    truth0 = out[k].truth[0][1] if out[k].phases[0][1].has_job else "healthy"
+    out[k] = Scenario(
+        "job-change",
+        "job-change",
+        ((0.0, before), (change, prepare), (change + prep, after)),
+        ((0.0, truth0), (change, "starting"), (change + prep, label)),
+    )
+    return out
+
+
 def _scenario(label: str, rng: random.Random, period_s: float) -> Scenario:
     return Scenario(label, label, ((0.0, draw_phase(label, rng, period_s)),), ((0.0, label),))
 
@@ -235,7 +288,9 @@ def generate(n: int, seed: int = 0, min_s: int = 60, max_s: int = 150) -> list[C
         labels = [
             lab
             for lab in LABELS
-            if not (lab == "starved-host" and period == 1.0) and lab not in GPM_ONLY  # drawn below
+            if not (lab == "starved-host" and period == 1.0)
+            and lab not in GPM_ONLY  # drawn below
+            and lab != "starting"  # drawn with the fleet's life, below
         ]
         duration = rng.randint(min_s, max_s)
         gpus = rng.randint(1, 8)
@@ -249,6 +304,10 @@ def generate(n: int, seed: int = 0, min_s: int = 60, max_s: int = 150) -> list[C
                 second = _scenario(rng.choice([x for x in pool if x != first.name]), rng, period)
                 first = first.then(second, float(rng.randint(25, duration - 30)))
             scen.append(first)
+        # the fleet's life draws from its own generator too, after the others
+        life = random.Random(seed * 7_000_003 + i)
+        if life.random() < FLEET_LIFE_SHARE:
+            scen = _fleet_life(scen, life, duration, period)
         # GPM cases draw from their own generator, so the cases without it stay as they were
         hw = random.Random(seed * 1_000_003 + i)
         if hw.random() < HOPPER_SHARE:

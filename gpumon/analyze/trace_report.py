@@ -13,7 +13,7 @@ import multiprocessing
 import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumon.collect.pipeline import Pipeline, SourceSpec
@@ -29,7 +29,7 @@ from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import main_label
 from gpumon.trace.range import GpuSelection, Span, read_range
 from gpumon.trace.reader import Trace, read_trace
-from gpumon.trace.segments import list_segments
+from gpumon.trace.segments import list_segments, segment_start
 
 SCHEMA = "gpumon-analysis/1"
 
@@ -73,6 +73,15 @@ class GpuReport:
     @property
     def observed_s(self) -> float:
         return sum(self.seconds_by_label.values())
+
+    @property
+    def wasted_by_job(self) -> dict[str, float]:
+        """GPU-seconds wasted per job that held the GPU (episodes never span two jobs)."""
+        out: dict[str, float] = {}
+        for e in self.episodes:
+            if e.job is not None and e.wasted_gpu_s > 0:
+                out[e.job] = round(out.get(e.job, 0.0) + e.wasted_gpu_s, 3)
+        return out
 
     @property
     def worst_episode(self) -> Episode | None:
@@ -133,7 +142,8 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
         trace = read_trace(trace)
     opened = replayed(trace)
     t0 = trace.ticks[0].t_s if trace.ticks else 0.0
-    reports, host, end = _run(opened, t0, trace.path, trace.header, th, keep_ticks=True)
+    run = _run(opened, t0, trace.path, trace.header, th, keep_ticks=True)
+    reports, host, end = run.reports, run.host, run.end_s
     return Analysis(
         path=trace.path,
         header=trace.header,
@@ -203,7 +213,10 @@ def _analyze_share(
 ) -> Analysis | None:
     """One process's share of a range: None (with `quiet`) when it holds none of its GPUs."""
 
-    span, ticks = read_range(directory, since_unix_s, until_unix_s, gpus)
+    # a pre-roll of the detector's window and confirmation before `since`, so that the range's
+    # first seconds are judged as the daemon judged them (read, not reported)
+    preroll_s = th.window_s + th.confirm_s
+    span, ticks = read_range(directory, since_unix_s - preroll_s, until_unix_s, gpus)
     first = next(ticks, None)
     if first is None or span.header is None:
         raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
@@ -219,7 +232,21 @@ def _analyze_share(
         exhausted=lambda: replay.exhausted,
         next_data=replay.next_data_s,
     )
-    reports, _, end = _run(opened, first.t_s, directory, span.header, th, keep_ticks=False)
+    report_from = since_unix_s - span.origin_unix_s
+    run = _run(opened, first.t_s, directory, span.header, th, keep_ticks=False, report_from_s=report_from)
+    reports, end = run.reports, run.end_s
+    # the span as asked for: the pre-roll was read, not reported (nor the segments only it read)
+    span.since_unix_s = since_unix_s
+    starts = [segment_start(os.path.basename(p)) for p in span.segments]
+    span.segments = [
+        p
+        for p, nxt in zip(span.segments, [*starts[1:], None], strict=True)
+        if nxt is None or nxt > since_unix_s
+    ]
+    span.ticks = run.ticks_reported
+    span.first_unix_s = None if run.first_reported_s is None else span.origin_unix_s + run.first_reported_s
+    if span.first_unix_s is None:
+        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
     if not reports:
         if quiet:
             return None
@@ -255,6 +282,26 @@ def _iso(unix_s: float) -> str:
     return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
 
 
+def _from(episodes: list[Episode], start_s: float, wasted_before: float) -> list[Episode]:
+    """The episodes from `start_s` on: one under way then starts there, with the waste since."""
+    before = sum(e.wasted_gpu_s for e in episodes if e.end_s is not None and e.end_s <= start_s)
+    kept = [e for e in episodes if e.end_s is None or e.end_s > start_s]
+    if kept and kept[0].start_s < start_s:
+        spent = max(0.0, wasted_before - before)  # its waste before start_s
+        waste = round(max(0.0, kept[0].wasted_gpu_s - spent), 3)
+        kept[0] = replace(kept[0], start_s=start_s, wasted_gpu_s=waste)
+    return kept
+
+
+@dataclass
+class _Replayed:
+    reports: list[GpuReport]
+    host: list[tuple[float, float, float | None, float]]
+    end_s: float
+    ticks_reported: int = 0
+    first_reported_s: float | None = None
+
+
 def _run(
     opened: OpenedSources,
     t0: float,
@@ -263,9 +310,11 @@ def _run(
     th: Thresholds,
     *,
     keep_ticks: bool,
-) -> tuple[list[GpuReport], list[tuple[float, float, float | None, float]], float]:
-    """The replay through the same pipeline as a live run; per-GPU reports, host (when kept) and
-    the time of the last tick."""
+    report_from_s: float | None = None,
+) -> _Replayed:
+    """The replay through the same pipeline as a live run: per-GPU reports, host (when kept), the
+    time of the last tick. `report_from_s`: what comes before is fed to the detector (a pre-roll,
+    so the first reported seconds are judged) but not reported."""
     interval = header.get("interval_s")
     interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
     clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
@@ -282,8 +331,18 @@ def _run(
     last_t: dict[tuple[int, str], float] = {}
     end = [t0]
 
+    reported = _Replayed([], host, t0)
+    wasted_before: dict[tuple[int, str], float] = {}
+
     def collect(tick: Tick, verdicts: list[Verdict]) -> None:
         end[0] = tick.t_s
+        if report_from_s is not None and tick.t_s < report_from_s - 1e-9:
+            for v in verdicts:
+                wasted_before[(v.index, v.uuid)] = v.wasted_gpu_s
+            return
+        reported.ticks_reported += 1
+        if reported.first_reported_s is None:
+            reported.first_reported_s = tick.t_s
         if keep_ticks and tick.host is not None:
             h = tick.host
             host.append((tick.t_s, h.cpu_ratio, h.iowait_ratio, h.busiest_core_ratio))
@@ -307,10 +366,17 @@ def _run(
     pipeline.run()
     for key, det in pipeline.detector.fleet.gpus.items():
         rep = reports.get(key)
-        if rep is not None:
-            rep.episodes = det.close(end[0])
-            rep.wasted_gpu_s = det.wasted_gpu_s
-    return sorted(reports.values(), key=lambda r: (r.index, r.uuid)), host, end[0]
+        if rep is None:
+            continue
+        rep.episodes = det.close(end[0])
+        rep.wasted_gpu_s = det.wasted_gpu_s
+        if report_from_s is not None:  # what the pre-roll read is not reported
+            before = wasted_before.get(key, 0.0)
+            rep.episodes = _from(rep.episodes, report_from_s, before)
+            rep.wasted_gpu_s = max(0.0, det.wasted_gpu_s - before)
+    reported.reports = sorted(reports.values(), key=lambda r: (r.index, r.uuid))
+    reported.end_s = end[0]
+    return reported
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -399,6 +465,9 @@ def render_text(a: Analysis) -> str:
             "  time:    " + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in shares if v > 0)
         )
         lines.append(f"  wasted:  {g.wasted_gpu_s / 3600:.4f} GPU-hours ({g.wasted_gpu_s:.0f} GPU-s)")
+        by_job = g.wasted_by_job
+        if len(by_job) > 1:  # more than one job held the GPU: each its own share
+            lines.append("           " + ", ".join(f"{j}: {w:.0f} GPU-s" for j, w in by_job.items()))
         shown = [e for e in g.episodes if e.state != "unknown"]
         lines.append(f"  episodes ({len(shown)}):")
         for e in shown[:8]:
@@ -443,6 +512,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
             "end_s": e.end_s,
             "start_unix_s": None if start_unix is None else round(start_unix, 3),
             "end_unix_s": None if end_unix is None else round(end_unix, 3),
+            "job": e.job,
             "wasted_gpu_s": e.wasted_gpu_s,
             "mean_duty": e.mean_duty,
             "reason": e.reason,
@@ -481,6 +551,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
                 "jobs": [{"job_id": j, "user": u} for j, u in g.jobs.items()],
                 "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
                 "wasted_gpu_s": round(g.wasted_gpu_s, 3),
+                "wasted_gpu_s_by_job": g.wasted_by_job,
                 "suggestion": g.suggestion,
                 "episodes": [episode(e) for e in g.episodes],
                 "verdicts": [

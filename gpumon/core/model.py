@@ -177,6 +177,8 @@ class ProcessCpu:
     blkio_wait_ratio: float | None = None
     """The whole tree's time waiting for block I/O, per second (/proc/PID/stat delayacct_blkio_ticks);
     None unless the kernel counts it (sysctl kernel.task_delayacct=1, or the delayacct boot flag)."""
+    age_s: float | None = None
+    """Seconds since the process started (its own start time), where the host says."""
 
 
 @dataclass(frozen=True, slots=True)

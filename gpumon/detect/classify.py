@@ -40,7 +40,10 @@ def classify(
     current: str | None,
     available: bool = True,
     expected_points: int | None = None,
+    starting_s: float | None = None,
 ) -> Classification:
+    """`starting_s`: the job on the GPU opened it this long ago and has run no kernel since, within
+    the start-up grace (the tracker knows; None otherwise)."""
     if not available:
         return Classification(State.UNKNOWN, None, 0.0, "GPU unavailable (lost or failing)")
     if ev.points < th.min_points or ev.duty_cycle is None:
@@ -64,6 +67,14 @@ def classify(
     if not ev.has_job and recent < th.stalled_duty:
         return result(
             State.IDLE, None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU"
+        )
+    if duty < th.stalled_duty and starting_s is not None:
+        return result(
+            State.STARTING,
+            None,
+            _conf(th.starting_grace_s - starting_s, th.starting_grace_s / 2),
+            f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet: starting up "
+            f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
         )
     if duty < th.stalled_duty:
         return result(
@@ -105,14 +116,19 @@ def classify(
 
     short = _conf(fed - duty, 0.3)
     busiest = ev.busiest_job_core
-    cpu = (busiest is not None and busiest >= th.pinned_core) or (
-        ev.host_cpu_ratio is not None and ev.host_cpu_ratio >= th.host_cpu_busy
-    )
-    # Host-wide signals stand in for the job's own only when the job has processes the host
-    # cannot see (another PID namespace); a GPU with no process gets no cause from its neighbours.
-    host_wide = ev.has_job and not ev.job_seen_on_host
-    if host_wide and ev.busiest_core_ratio is not None:
-        cpu = cpu or ev.busiest_core_ratio >= th.pinned_core
+    bursty = changed or ev.bursty_quarters >= th.bursty_quarters
+    # Host-wide signals (all cores busy, iowait, the host's disk reads) stand in for the job's own
+    # only when the job has processes the host cannot see (another PID namespace), and only for a
+    # GPU whose utilization shows starvation's signature (bursts and gaps, or the change to them):
+    # a steady GPU beside busy neighbours is not starved by them, and a GPU with no process gets
+    # no cause from its neighbours. The job's own processes (pinned, waiting for a CPU, reading,
+    # waiting on storage) name a cause with or without visible gaps: a driver sample (1/6 s to
+    # 1 s) averages short steps' gaps into steady use.
+    host_wide = ev.has_job and not ev.job_seen_on_host and bursty
+    cpu = busiest is not None and busiest >= th.pinned_core
+    if host_wide:
+        cpu = cpu or (ev.host_cpu_ratio is not None and ev.host_cpu_ratio >= th.host_cpu_busy)
+        cpu = cpu or (ev.busiest_core_ratio is not None and ev.busiest_core_ratio >= th.pinned_core)
     # A process that wants a whole core but gets part of it (waiting in the run queue on a busy
     # host) is as CPU-bound as a pinned one: the kernel's schedstat says so, totals cannot.
     pinned = busiest is not None and busiest >= th.pinned_core
@@ -122,7 +138,6 @@ def classify(
     storage_waits = blkio is not None and blkio >= th.blkio_wait_high
     if storage_waits and blkio is not None and blkio <= (ev.job_runq_wait_cores or 0.0):
         storage_waits = False  # waiting for CPU more than for storage
-    bursty = changed or ev.bursty_quarters >= th.bursty_quarters
     if ev.job_read_bytes_per_s is not None:
         io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
             bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
@@ -134,6 +149,10 @@ def classify(
         )
     io = io or storage_waits
     idle_share = 1 - duty
+    if ev.recent_duty is not None and ev.recent_duty >= th.fed_duty + th.hysteresis and not bursty:
+        # busy now (the window's last quarter): a mean pulled down by a past workload (a change
+        # from steady low use to busy) is no starvation, whatever the job's CPU
+        contended = cpu = io = storage_waits = False
 
     if contended and not storage_waits:
         assert demand is not None and busiest is not None

@@ -91,6 +91,9 @@ class Evidence:
     clock_held: str | None = None
     """`power`, `thermal` or `slowdown` when that clock-event reason held the clocks down for half
     of the window or more (the job computes slower, fed or not); None otherwise."""
+    job_age_s: float | None = None
+    """How long the job's oldest GPU process has been running (the host's newest reading); None
+    where the host does not say."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -211,36 +214,75 @@ def _job_processes(window: GpuWindow, pids: tuple[int, ...]) -> list[list[Proces
     return [[p for p in h.processes if p.pid in wanted] for h in window.hosts]
 
 
+JobKey = tuple[frozenset[int], frozenset[str]]
+"""Who holds a GPU: its processes' ids, and its attributed jobs (`scheduler:id`)."""
+
+
+def job_key(g: GpuSample) -> JobKey | None:
+    """Who holds the GPU: its processes' ids and its attributed jobs; None when no process does."""
+    if not g.processes:
+        return None
+    return frozenset(p.pid for p in g.processes), frozenset(f"{j.scheduler}:{j.job_id}" for j in g.jobs)
+
+
+def another_job(
+    old: tuple[frozenset[int], frozenset[str]] | None, new: tuple[frozenset[int], frozenset[str]] | None
+) -> bool:
+    """A job change: other processes, or another attributed job where both are known (a job whose
+    attribution comes and goes, as the kubelet does when it hangs, is the same job)."""
+    if old is None or new is None:
+        return False
+    return old[0] != new[0] or (bool(old[1]) and bool(new[1]) and old[1] != new[1])
+
+
+def job_label(g: GpuSample) -> str | None:
+    """How reports name the job holding the GPU: `slurm 4242`, `ml/trainer-0`, or `pid 123`."""
+    if g.jobs:
+        return ", ".join(sorted({f"{j.scheduler} {j.job_id}" for j in g.jobs}))
+    if g.processes:
+        return "pid " + ",".join(sorted({str(p.pid) for p in g.processes}, key=int))
+    return None
+
+
 def _since_first_work(
     points: tuple[UtilPoint, ...], samples: tuple[GpuSample, ...], th: Thresholds
 ) -> tuple[UtilPoint, ...]:
-    """Drop what came before the job's first burst of work: a job starting up (importing,
-    compiling, allocating) leaves the GPU idle while its main process is busy, which is start-up,
-    not starvation. A job that never computes keeps its whole window (and ends up stalled)."""
+    """The window of the job on the GPU now. When the window shows that job arriving (from no
+    process, or after another job), what came before is not its, and neither is its start-up:
+    a job starting up (importing, compiling, allocating) leaves the GPU idle while its main process
+    is busy, which is start-up, not starvation. So the window starts at its first burst of work;
+    a job that has run nothing yet keeps what it has (and is starting, or stalled)."""
+    current = job_key(samples[-1]) if samples else None
     job_since = None
     appeared = False
     for s in reversed(samples):  # when the job appeared, if we saw it appear in this window
-        if not s.processes:
+        key = job_key(s)
+        if (key is None) != (current is None) or another_job(key, current):
             appeared = True
             break
         job_since = s.t_s
     if not appeared or job_since is None or not points or points[0].t_s >= job_since:
         return points
-    for n, p in enumerate(points):
-        if p.t_s >= job_since and p.util_ratio > th.gap_util:
-            return points[n:]
-    return points
+    mine = tuple(p for p in points if p.t_s >= job_since)
+    for n, p in enumerate(mine):
+        if p.util_ratio > th.gap_util:
+            return mine[n:]
+    return mine if current is not None else points
 
 
 PERIOD_POINTS = 33
 
 
-def gather(window: GpuWindow, th: Thresholds) -> Evidence:
+def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None) -> Evidence:
+    """`work_since_s`: when the job on the GPU ran its first kernel (the tracker knows): what came
+    before is its start-up, not part of its work's pattern."""
     pts = window.points
     if len(pts) < 2 and window.samples:
         # No sub-second history (GetSamples unsupported, e.g. MIG): fall back to tick readings.
         pts = tuple(UtilPoint(s.t_s, s.util_ratio) for s in window.samples if s.util_ratio is not None)
     pts = _since_first_work(pts, window.samples, th)
+    if work_since_s is not None and pts and pts[0].t_s < work_since_s:
+        pts = tuple(p for p in pts if p.t_s >= work_since_s - 1e-9)
     values = [p.util_ratio for p in pts]
     period = None
     if len(pts) >= 2:
@@ -328,6 +370,7 @@ def gather(window: GpuWindow, th: Thresholds) -> Evidence:
         job_cpu_demand_cores=avg(lambda ps: _max_or_none(p.busiest_demand_ratio for p in ps)),
         job_runq_wait_cores=avg(lambda ps: _sum_or_none(p.runq_wait_ratio for p in ps)),
         job_blkio_wait_s=avg(lambda ps: _sum_or_none(p.blkio_wait_ratio for p in ps)),
+        job_age_s=_max_or_none(p.age_s for p in seen[-1]) if seen else None,
         host_cpu_ratio=host_avg("cpu_ratio"),
         busiest_core_ratio=host_avg("busiest_core_ratio"),
         iowait_ratio=host_avg("iowait_ratio"),

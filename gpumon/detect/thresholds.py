@@ -73,6 +73,13 @@ class Thresholds:
     utilization reads it busy, yet most SMs wait (a small batch, launch-bound steps). NVIDIA's DCGM
     guide calls SM activity under 0.5 ineffective use of the GPU. Left with hysteresis."""
 
+    starting_grace_s: float = _limit(120.0, 0.0, 3600.0)
+    """A job whose processes opened the GPU less than this long ago and that has run no kernel yet
+    is `starting`, not `stalled`: imports, dataset indexing, torch.compile and checkpoint loading
+    take seconds to minutes before the first kernel. Past it, a job that still runs nothing is
+    stalled. The job's age is its oldest GPU process's (from the host), or, where the host cannot
+    see them, since gpumon first saw them on the GPU."""
+
     min_points: int = _limit(4, 1, 10000)
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumon.detect.classify import Classification, classify
-from gpumon.detect.evidence import Evidence, GpuWindow, gather
+from gpumon.detect.evidence import Evidence, GpuWindow, JobKey, another_job, gather, job_key, job_label
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 
@@ -37,6 +37,8 @@ class Episode:
     causes: tuple[tuple[float, Cause | None], ...] = ()
     """(from when, cause) for each cause the episode had, in order: the state is confirmed on its own,
     and the cause refines within the episode (host, then cpu, as a job's workers show up)."""
+    job: str | None = None
+    """The job that held the GPU (`slurm 4242`, `pid 123`): an episode never spans two jobs."""
 
     @property
     def label(self) -> str:
@@ -88,6 +90,7 @@ class _Open:
     start_s: float
     reason: str
     causes: list[tuple[float, Cause | None]] = field(default_factory=list)
+    job: str | None = None
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause: the longest names a closed episode."""
     wasted_gpu_s: float = 0.0
@@ -128,6 +131,17 @@ class StarvationDetector:
         self._cause_since = 0.0
         self._last_t: float | None = None
         self._index, self._uuid = -1, ""
+        self._job: JobKey | None = None
+        self._job_label: str | None = None
+        self._job_since = 0.0
+        """When this detector first saw the job now on the GPU."""
+        self._job_ran = False
+        """The job now on the GPU has run a kernel since it appeared."""
+        self._job_work_since: float | None = None
+        """When it ran its first, if this detector saw the job start up (its window starts there)."""
+        self._job_waited = False
+        """This detector saw the job start up (young, no kernel yet): once it runs, its window
+        starts at its first kernel."""
 
     @property
     def state(self) -> State:
@@ -137,16 +151,37 @@ class StarvationDetector:
     def current(self) -> Episode | None:
         return self._as_episode(self._open, None) if self._open else None
 
-    def feed(self, window: GpuWindow) -> Verdict:
+    def feed(self, window: GpuWindow, mig_instances: int = 0) -> Verdict:
+        """`mig_instances`: the GPU is in MIG mode with that many instances (judged on their own)."""
         th = self.thresholds
         t = window.t_s
         self._index, self._uuid = window.gpu.index, window.gpu.uuid
-        ev = gather(window, th)
+        new_job = self._follow_job(window)
+        ev = gather(window, th, self._job_work_since)
+        starting_s = self._starting_s(t, ev, len(window.hosts))
         # A window not yet full (just started, samples missing) lowers the confidence.
         expected = round(th.window_s / ev.period_s) if ev.period_s else None
         if self._open is None:
-            self._open = _Open(State.UNKNOWN, None, t, "starting")
-        raw = classify(ev, th, self._open.state, window.gpu.available, expected_points=expected)
+            self._open = _Open(State.UNKNOWN, None, t, "starting", job=self._job_label)
+        elif new_job:
+            # Episodes follow jobs: the old one's ends here, and the new job is judged afresh.
+            self._switch((State.UNKNOWN, None), t, "another job took the GPU: judging it from now")
+            self._candidate = self._cause_candidate = None
+        if mig_instances:
+            raw = Classification(
+                State.MIG, None, 1.0, f"in MIG mode: its {mig_instances} instance(s) are judged on their own"
+            )
+        else:
+            raw = classify(
+                ev,
+                th,
+                self._open.state,
+                window.gpu.available,
+                expected_points=expected,
+                starting_s=starting_s,
+            )
+        if raw.state == State.STARTING:
+            self._job_waited = True
         key = (raw.state, raw.cause)
         op = self._open
         # The state is confirmed on its own: a starved GPU whose cause reads host, then io, then cpu
@@ -190,11 +225,47 @@ class StarvationDetector:
             wasted_gpu_s=round(self.wasted_gpu_s, 3),
         )
 
+    def _follow_job(self, window: GpuWindow) -> bool:
+        """Which job holds the GPU now, and whether it has run a kernel since it was first seen;
+        True when another job took the GPU from one that held it (no idle moment between)."""
+        key = job_key(window.gpu)
+        new_job = another_job(self._job, key)
+        if new_job or (key is None) != (self._job is None):
+            self._job_since, self._job_ran, self._job_work_since = window.t_s, False, None
+            self._job_waited = False
+        if key != self._job:
+            self._job, self._job_label = key, job_label(window.gpu)
+        if key is not None and not self._job_ran:
+            gap, since = self.thresholds.gap_util, self._job_since
+            later = [p for p in window.points if p.t_s > since]
+            # not the first of them: its period may have begun before the job came (the job
+            # before's last kernels, or a straddling sample)
+            first = next((p for p in later[1:] if p.util_ratio > gap), None)
+            if first is not None:
+                self._job_ran = True
+                if self._job_waited:  # it was seen before its first kernel: its work starts here
+                    self._job_work_since = first.t_s
+        return new_job
+
+    def _starting_s(self, t: float, ev: Evidence, host_samples: int) -> float | None:
+        """How long ago the job on the GPU started, while it has run no kernel yet and is within
+        the start-up grace: its oldest process's age from the host; where the host cannot see its
+        processes (it has reported twice without them), since this detector first saw the job."""
+        if self._job is None or self._job_ran:
+            return None
+        if ev.job_age_s is not None:
+            age = ev.job_age_s
+        elif host_samples >= 2 and not ev.job_seen_on_host:
+            age = t - self._job_since
+        else:
+            return None  # not known yet (the host's first reading of a process is its baseline)
+        return age if age < self.thresholds.starting_grace_s else None
+
     def _switch(self, key: tuple[State, Cause | None], since: float, reason: str) -> None:
         old = self._open
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))
-        self._open = _Open(key[0], key[1], since, reason, causes=[(since, key[1])])
+        self._open = _Open(key[0], key[1], since, reason, causes=[(since, key[1])], job=self._job_label)
         label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
@@ -241,6 +312,7 @@ class StarvationDetector:
             worst=op.worst,
             reason=op.reason,
             causes=tuple(op.causes),
+            job=op.job,
         )
 
     def close(self, t_s: float) -> list[Episode]:
@@ -259,11 +331,16 @@ class FleetDetector:
         self.gpus: dict[tuple[int, str], StarvationDetector] = {}
 
     def feed(self, windows: list[GpuWindow]) -> list[Verdict]:
+        instances: dict[int, int] = {}
+        for w in windows:
+            if w.gpu.mig is not None:
+                instances[w.gpu.index] = instances.get(w.gpu.index, 0) + 1
         out = []
         for w in windows:
             key = (w.gpu.index, w.gpu.uuid)
             det = self.gpus.get(key)
             if det is None:
                 det = self.gpus[key] = StarvationDetector(self.thresholds)
-            out.append(det.feed(w))
+            parent_of = instances.get(w.gpu.index, 0) if w.gpu.mig is None else 0
+            out.append(det.feed(w, mig_instances=parent_of))
         return out

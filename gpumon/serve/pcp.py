@@ -26,6 +26,8 @@ STATE_CODES = {
     "underutilized-small-kernels": "small",
     "idle": "idle",
     "unknown": "?",
+    "starting": "start",
+    "mig": "mig",
 }
 """The verdict label -> the code dstat shows (also in gpumon/dstat/plugin/dstat_gpu.py, which must stay
 standard-library only; a test keeps the two equal). A lost GPU is `lost`; no verdict `-`."""

@@ -167,6 +167,7 @@ def _episode_json(e: Episode, offset: float) -> dict[str, Any]:
         "label": e.label,
         "start_unix_s": round(e.start_s + offset, 3),
         "end_unix_s": None if e.end_s is None else round(e.end_s + offset, 3),
+        "job": e.job,
         "wasted_gpu_s": e.wasted_gpu_s,
         "mean_duty": e.mean_duty,
         "reason": e.reason,

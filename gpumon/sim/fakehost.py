@@ -40,6 +40,10 @@ class ZombieProcess(NoSuchProcess):
     pass
 
 
+SIM_EPOCH_UNIX_S = 1_800_000_000.0
+"""The simulated host's wall clock at the fleet's start (process start times are on it)."""
+
+
 class FakeHost:
     NoSuchProcess = NoSuchProcess
     AccessDenied = AccessDenied
@@ -59,6 +63,8 @@ class FakeHost:
         self._load = 0.0
         self.gpumon_procfs = FakeProcFs(self)
         """What gpumon's host source reads from /proc on Linux (schedstat, delayacct)."""
+        self.gpumon_wall = lambda: SIM_EPOCH_UNIX_S + self.fleet.sim_time()
+        """The simulated host's wall clock, which process start times are on."""
 
     # -- integration ---------------------------------------------------------------------------
 
@@ -85,15 +91,16 @@ class FakeHost:
                     return min(1.0, cores) - 0.04 * abs(unit_noise(self.fleet.seed, index, slot, key))
                 return min(1.0, cores * jitter(key))
 
-            cpu[gpu.pid] = load(ph.main_cpu, 0)
-            runq[gpu.pid], blkio[gpu.pid] = ph.main_runq * jitter(97), ph.main_blkio * jitter(96)
+            main = gpu.pid_at(t)
+            cpu[main] = load(ph.main_cpu, 0)
+            runq[main], blkio[main] = ph.main_runq * jitter(97), ph.main_blkio * jitter(96)
             workers = gpu.worker_pids(t)
             for n, pid in enumerate(workers):
                 cpu[pid] = load(ph.worker_cpu, n + 1)
                 runq[pid] = ph.worker_runq * jitter(n + 200)
                 blkio[pid] = ph.worker_blkio * jitter(n + 300)
             other += ph.other_cores
-            readers = workers or [gpu.pid]
+            readers = workers or [main]
             for pid in readers:
                 read[pid] = ph.read_bytes_per_s * jitter(99) / len(readers)
             iowait += ph.iowait * jitter(98)
@@ -167,7 +174,7 @@ class FakeHost:
     def _alive(self, pid: int) -> bool:
         t = self.fleet.sim_time()
         for gpu in self.fleet.gpus:
-            if gpu.phase(t).has_job and (pid == gpu.pid or pid in gpu.worker_pids(t)):
+            if gpu.phase(t).has_job and (pid == gpu.pid_at(t) or pid in gpu.worker_pids(t)):
                 return True
         return False
 
@@ -195,11 +202,20 @@ class FakeProcess:
         self._live()
         return pio(0, 0, int(self._host._proc_read.get(self.pid, 0.0)), 0)
 
+    def create_time(self) -> float:
+        """When the process started, on the simulated host's wall clock (FakeHost.gpumon_wall)."""
+        self._live()
+        t = self._host.fleet.sim_time()
+        for gpu in self._host.fleet.gpus:
+            if self.pid == gpu.pid_at(t) or self.pid in gpu.worker_pids(t):
+                return SIM_EPOCH_UNIX_S + gpu.job_started_s(t)
+        raise NoSuchProcess(self.pid)
+
     def children(self, recursive: bool = False) -> list[FakeProcess]:
         self._live()
         t = self._host.fleet.sim_time()
         for gpu in self._host.fleet.gpus:
-            if gpu.pid == self.pid:
+            if gpu.pid_at(t) == self.pid:
                 return [FakeProcess(self._host, p) for p in gpu.worker_pids(t)]
         return []
 

@@ -240,7 +240,7 @@ class FakeNvml(GpmMixin):
         reserved = 512 * 1024 * 1024
         return [
             SimpleNamespace(
-                pid=h.pid,
+                pid=h.pid_at(t),
                 usedGpuMemory=max(0, h.mem_used_bytes(t) - reserved),
                 gpuInstanceId=0xFFFFFFFF,
                 computeInstanceId=0xFFFFFFFF,

@@ -42,6 +42,10 @@ class GpuModel:
     power_limit_w: float = 700.0
 
 
+JOB_PID_STRIDE = 200_000
+"""Processes of another job on the same GPU: its pids this far apart (every GPU's fit between)."""
+
+
 class SimGpu:
     def __init__(
         self, index: int, scenario: Scenario, seed: int, period_s: float, model: GpuModel = GpuModel()
@@ -166,9 +170,28 @@ class SimGpu:
     def mem_used_bytes(self, t_s: float) -> int:
         return int(self.model.mem_total_bytes * self.phase(t_s).mem_used_ratio)
 
+    def pid_at(self, t_s: float) -> int:
+        """The job's main process on this GPU: another job (Phase.job) runs as other processes."""
+        return self.pid + JOB_PID_STRIDE * self.phase(t_s).job
+
     def worker_pids(self, t_s: float) -> list[int]:
         ph = self.phase(t_s)
-        return [self.pid + 1 + w for w in range(ph.workers)] if ph.has_job else []
+        pid = self.pid_at(t_s)
+        return [pid + 1 + w for w in range(ph.workers)] if ph.has_job else []
+
+    def job_started_s(self, t_s: float) -> float:
+        """When (fleet time) the job now on the GPU started its processes: its first phase's start,
+        less that phase's `started_before_s`."""
+        job = self.phase(t_s).job
+        first = None
+        for start, ph in self.scenario.phases:
+            if start > t_s:
+                break
+            if ph.job != job or not ph.has_job:
+                first = None
+            elif first is None:
+                first = start - ph.started_before_s
+        return first if first is not None else t_s
 
 
 def _uuid_body(seed: int, index: int) -> str:

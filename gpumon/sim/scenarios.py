@@ -61,6 +61,11 @@ class Phase:
     mig: bool = False
     """The GPU as NVML shows a MIG instance: no utilization, no utilization samples, no power or
     temperature (the parent's), GPM only (set it on every phase of a scenario, with `gpm`)."""
+    job: int = 0
+    """Which job holds the GPU: a phase with another number is another job (other processes)."""
+    started_before_s: float = 3600.0
+    """How long before the job's first phase its processes started (a job already running when
+    the simulation begins; 0: the job starts with the phase)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,14 @@ STARVED_IO_CONTENDED = Phase(
 """Loaders waiting on a slow disk while other work saturates the CPUs: iowait near 0 (the CPUs are
 busy, not idle), the reads as modest as the contended CPU-bound case's."""
 
+STARTING = replace(STALLED, main_cpu=0.9, worker_cpu=0.0, workers=0, started_before_s=0.0, job=1)
+"""A job that has just opened the GPU and runs no kernel yet: importing, indexing its dataset,
+compiling, loading a checkpoint (its main process busy on the CPU)."""
+UNDERUTILIZED_BUSY_HOST = replace(UNDERUTILIZED, main_cpu=0.0, workers=0, worker_cpu=0.0, other_cores=60.0)
+"""Steady low use whose only process sleeps, on a host whose CPUs other jobs keep saturated: the
+neighbours are busy, this GPU is not starved by them (issue 25)."""
+HEALTHY_BUSY_HOST = replace(HEALTHY, other_cores=60.0)
+
 SMALL_KERNELS = Phase(compute_s=0.05, wait_s=0.002, gpm=True, sm_fill=0.25, power_busy_ratio=0.45)
 """A batch too small for the GPU: kernels back to back (NVML reads ~97% busy), each filling a
 quarter of the SMs. Only GPM can tell it from a fed job."""
@@ -284,6 +297,37 @@ SCENARIOS: dict[str, Scenario] = {
         ),
     )
 }
+SCENARIOS["starting-then-healthy"] = Scenario(
+    "starting-then-healthy",
+    "a job opens the GPU, prepares for 60 s (no kernel yet), then trains fed",
+    ((0.0, STARTING), (60.0, replace(HEALTHY, job=1, started_before_s=0.0))),
+    ((0.0, "starting"), (60.0, "healthy")),
+)
+SCENARIOS["job-change"] = Scenario(
+    "job-change",
+    "one job trains starved-cpu, then another job takes the GPU, starts up, and trains starved too",
+    (
+        (0.0, STARVED_CPU),
+        (40.0, replace(STARTING, job=2)),
+        (55.0, replace(STARVED_CPU, job=2, started_before_s=0.0)),
+    ),
+    ((0.0, "starved-cpu"), (40.0, "starting"), (55.0, "starved-cpu")),
+)
+for _name, _summary, _phase, _state in (
+    (
+        "underutilized-busy-host",
+        "steady ~35% use, its process asleep, beside neighbours that saturate the host's CPUs",
+        UNDERUTILIZED_BUSY_HOST,
+        "underutilized",
+    ),
+    (
+        "healthy-busy-host",
+        "fed training beside neighbours that saturate the host's CPUs",
+        HEALTHY_BUSY_HOST,
+        "healthy",
+    ),
+):
+    SCENARIOS[_name] = _one(_name, _summary, _phase, _state)
 SCENARIOS["healthy-then-starved"] = replace(
     SCENARIOS["healthy"].then(SCENARIOS["starved-cpu"], SWITCH_S),
     name="healthy-then-starved",

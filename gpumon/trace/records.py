@@ -121,7 +121,7 @@ def host_to_dict(h: HostSample) -> dict[str, Any]:
 def _sched_fields(p: ProcessCpu) -> dict[str, float]:
     """Written only where the kernel gave them (added within version 1: older readers ignore them)."""
     out = {}
-    for key in ("busiest_demand_ratio", "runq_wait_ratio", "blkio_wait_ratio"):
+    for key in ("busiest_demand_ratio", "runq_wait_ratio", "blkio_wait_ratio", "age_s"):
         value = getattr(p, key)
         if value is not None:
             out[key] = value
@@ -308,6 +308,7 @@ def _host(d: Any, t_s: float) -> HostSample | None:
                 busiest_demand_ratio=_num(p, "busiest_demand_ratio"),
                 runq_wait_ratio=_num(p, "runq_wait_ratio"),
                 blkio_wait_ratio=_num(p, "blkio_wait_ratio"),
+                age_s=_num(p, "age_s"),
             )
         )
     return HostSample(

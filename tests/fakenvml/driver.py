@@ -60,8 +60,10 @@ def simulated_config(
     loop: bool = True,
     epoch_us: int = 0,
     period_s: float = 1 / 6,
+    pid_map: dict[int, int] | None = None,
 ) -> Path:
-    """Record `scenarios` with gpumon's simulator and write the stand-in's config for it."""
+    """Record `scenarios` with gpumon's simulator and write the stand-in's config for it.
+    `pid_map`: the simulated processes as these (e.g. real processes of this host)."""
     folder.mkdir(parents=True, exist_ok=True)
     names = parse_scenarios(scenarios)
     n = gpus or len(names)
@@ -76,7 +78,9 @@ def simulated_config(
     trace = folder / "standin-trace.jsonl"
     record(case, str(trace))
     config = folder / "fakenvml.conf"
-    config.write_text(config_from_trace(str(trace), loop=loop, faults=faults, epoch_us=epoch_us))
+    config.write_text(
+        config_from_trace(str(trace), loop=loop, faults=faults, epoch_us=epoch_us, pid_map=pid_map)
+    )
     return config
 
 

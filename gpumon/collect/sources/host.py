@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -117,6 +117,12 @@ class _Tree:
     born_before: dict[int, bool] = field(default_factory=dict)
     """Per child found by the last scan: whether it existed before the previous tick."""
     first_t_s: float = 0.0
+    age_at_first_s: float | None = None
+    """The process's age when first seen (its start time against the wall clock): ages after that
+    follow the sampler's clock, so a simulated host at full speed ages with its samples."""
+
+    def age(self, t_s: float) -> float | None:
+        return None if self.age_at_first_s is None else round(self.age_at_first_s + t_s - self.first_t_s, 1)
 
 
 class ProcFs:
@@ -261,7 +267,8 @@ class HostSource:
         """GPU processes this host cannot see (another PID namespace), by when that was found:
         looked up again only every `children_rescan_s`, not every tick."""
         self._prev_wall: float | None = None
-        self._wall = time.time
+        # the wall clock process start times are on (a simulated host has its own)
+        self._wall: Callable[[], float] = getattr(psutil, "gpumon_wall", None) or time.time
         # On Linux, /proc/diskstats read directly: psutil's disk_io_counters checks /sys for every
         # disk on every call, a quarter of what the host side costs per tick.
         real = getattr(psutil, "__name__", "") == "psutil" and os.path.exists(DISKSTATS)
@@ -342,7 +349,7 @@ class HostSource:
         tree = self._trees.get(pid)
         if tree is None:
             proc = self._ps.Process(pid)
-            tree = _Tree(proc=proc, name=proc.name(), first_t_s=t_s)
+            tree = _Tree(proc=proc, name=proc.name(), first_t_s=t_s, age_at_first_s=self._age(proc))
             self._rescan(tree, t_s)
             tree.counts = self._read_tree(tree)
             self._trees[pid] = tree
@@ -386,6 +393,7 @@ class HostSource:
             busiest_demand_ratio=None if demand is None else round(demand / dt, 4),
             runq_wait_ratio=round(sum(v or 0.0 for v in runq.values()) / dt, 4) if has_runq else None,
             blkio_wait_ratio=None if any(b is None for b in blkio) else round(sum(blkio) / dt, 4),  # type: ignore[arg-type]
+            age_s=tree.age(t_s),
         )
 
     def _should_rescan(self, tree: _Tree, t_s: float) -> bool:
@@ -442,6 +450,16 @@ class HostSource:
             runq_s=sched[1] if sched is not None else None,
             blkio_s=self._procfs.blkio_s(pid) if self._procfs is not None else None,
         )
+
+    def _age(self, proc: Any) -> float | None:
+        """Seconds since the process started; None where the host does not say."""
+        create_time = getattr(proc, "create_time", None)
+        if create_time is None:
+            return None
+        try:
+            return max(0.0, self._wall() - float(create_time()))
+        except Exception:  # gone, hidden, or a look-alike that does not say: the age is optional
+            return None
 
     def _older_than_last_tick(self, child: Any) -> bool:
         """Whether the child was born before the previous poll (psutil's create_time, wall clock)."""

@@ -36,7 +36,8 @@ class types:  # noqa: N801 - the name dstat's showcsv looks up
 _gpumon_state_codes = {
     "healthy": "ok", "starved-cpu": "STcpu", "starved-io": "STio", "starved-host": "SThst",
     "stalled": "stall", "sync-stall": "sync", "underutilized": "under",
-    "underutilized-small-kernels": "small", "idle": "idle", "unknown": "?",
+    "underutilized-small-kernels": "small", "idle": "idle", "unknown": "?", "starting": "start",
+    "mig": "mig",
 }
 _gpumon_alarm_states = ("starved", "stalled", "sync-stall")
 
