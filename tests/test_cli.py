@@ -296,3 +296,56 @@ def test_sigterm_ends_watch_with_130_after_its_summary() -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "GPU 0:" in out and "wasted" in out and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_says_how_to_add_it_to_this_install(tmp_path: Path) -> None:
+    """issue 27: the hint was `pip install 'gpumon-datastall[plot]'`, which no package index has."""
+    trace = tmp_path / "t.jsonl"
+    p = gpumon("record", "--simulate", "starved-cpu", "--duration", "5", "--speed", "max", "-o", str(trace))
+    assert p.returncode == 0, p.stderr
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "gpumon", "analyze", str(trace), "--plot", str(tmp_path / "t.png")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=f"{hide}:{ROOT}"),
+    )
+    assert p.returncode == 6
+    line = one_line_error(p)
+    assert f"{sys.executable} -m pip install" in line and "[plot]" in line, line
+    assert "'gpumon-datastall[plot]'" not in line
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "prefix", "hint"),
+    [
+        (
+            '{"url": "file:///src/gpumon", "dir_info": {"editable": true}}',
+            "/venv",
+            "-m pip install -e '/src/gpumon[plot]'",
+        ),
+        ('{"url": "file:///src/gpumon", "dir_info": {}}', "/venv", "-m pip install '/src/gpumon[plot]'"),
+        (None, "/venv", "-m pip install 'gpumon-datastall[plot]'"),  # from a package index
+        (
+            '{"url": "file:///src/gpumon", "dir_info": {}}',
+            "/root/.local/pipx/venvs/gpumon-datastall",
+            "pipx inject gpumon-datastall matplotlib",
+        ),
+    ],
+)
+def test_the_install_hint_follows_how_gpumon_was_installed(
+    monkeypatch: pytest.MonkeyPatch, direct_url: str | None, prefix: str, hint: str
+) -> None:
+    from importlib import metadata
+
+    from gpumon.core import extras
+
+    class Dist:
+        def read_text(self, name: str) -> str | None:
+            return direct_url if name == "direct_url.json" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    monkeypatch.setattr(sys, "prefix", prefix)
+    assert hint in extras.install_hint("plot")

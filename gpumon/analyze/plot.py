@@ -8,6 +8,7 @@ from itertools import groupby
 
 from gpumon.analyze.trace_report import Analysis
 from gpumon.core.errors import MissingDependency, OutputError
+from gpumon.core.extras import install_hint
 
 STATE_COLORS = {
     "healthy": "#2ca02c",
@@ -28,9 +29,7 @@ def require_matplotlib() -> None:
     """Fail before any work when --plot cannot be drawn."""
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise MissingDependency(
-            "--plot needs matplotlib: pip install 'gpumon-datastall[plot]' (or matplotlib)"
-        )
+        raise MissingDependency(f"--plot needs matplotlib: {install_hint('plot')}")
 
 
 def plot(a: Analysis, path: str) -> None:

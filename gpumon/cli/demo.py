@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpumon.cli import flags
 from gpumon.core.errors import MissingDependency
+from gpumon.core.extras import install_hint
 
 
 def _check_bench() -> None:
@@ -25,8 +26,8 @@ def _check_bench() -> None:
     missing = [m for m in ("keras", "torch") if importlib.util.find_spec(m) is None]
     if missing:
         raise MissingDependency(
-            f"gpumon demo runs a Keras job and needs {', '.join(missing)}: pip install "
-            "'gpumon-datastall[bench]' torch==2.13.0 (./scripts/run.sh does this)"
+            f"gpumon demo runs a Keras job and needs {', '.join(missing)}: "
+            f"{install_hint('bench', 'torch')} (./scripts/run.sh does this)"
         )
 
 
