@@ -58,7 +58,7 @@ def add_parser(
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
-    s.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    s.add_argument("--quiet", action="store_true", help="no progress lines (every 5 s: time, steps, loss)")
     s.add_argument(
         "--watch",
         nargs="?",
