@@ -442,13 +442,12 @@ def _why_pmda_died(conf: dict[str, str]) -> str:
 
 
 def _pmcd_environ() -> dict[str, str]:
-    for entry in Path("/proc").iterdir():
+    for pid in _pmcd_pids():
         try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "pmcd":
-                pairs = (entry / "environ").read_bytes().split(b"\0")
-                return dict(p.decode(errors="replace").partition("=")[::2] for p in pairs if b"=" in p)
+            pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
+        return dict(p.decode(errors="replace").partition("=")[::2] for p in pairs if b"=" in p)
     return {}
 
 
@@ -564,14 +563,26 @@ def _pmda_pids() -> list[int]:
     return pids
 
 
-def _pmcd_running() -> bool:
+def _pmcd_pids() -> list[int]:
+    """pmcd's processes: the daemon itself, by its executable (the rc script /etc/init.d/pmcd,
+    run by a shell, has the comm "pmcd" too, and a SIGHUP makes it abandon its PMDA setup)."""
+    pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "pmcd":
-                return True
+            if (
+                entry.name.isdigit()
+                and (entry / "comm").read_text().strip() == "pmcd"
+                and Path(os.readlink(entry / "exe")).name == "pmcd"
+                and not _zombie(int(entry.name))
+            ):
+                pids.append(int(entry.name))
         except OSError:
             continue
-    return False
+    return pids
+
+
+def _pmcd_running() -> bool:
+    return bool(_pmcd_pids())
 
 
 def _stop_pmda(wait_s: float = 10.0) -> None:
@@ -601,12 +612,9 @@ def _signal_pmcd() -> None:
     """SIGHUP to pmcd: it re-reads pmcd.conf and starts the PMDAs that are not running (what PCP's
     pmsignal does; that lives outside PATH, in $PCP_BINADM_DIR)."""
 
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _pmcd_pids():
         try:
-            if (entry / "comm").read_text().strip() == "pmcd":
-                os.kill(int(entry.name), signal.SIGHUP)
+            os.kill(pid, signal.SIGHUP)
         except OSError:
             continue
 
