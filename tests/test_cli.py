@@ -237,3 +237,115 @@ def test_python_dash_m_and_console_script_agree() -> None:
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert p.returncode == 0 and "devices" in p.stdout and "record" in p.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["serve", "--help"]])
+def test_help_to_a_full_disk_is_one_line_and_exit_5(args: list[str]) -> None:
+    """issue 28: `gpumon --help >/dev/full` printed a traceback."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(
+            [sys.executable, "-m", "gpumon", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+    assert p.returncode == 5, p.stderr
+    assert one_line_error(p) == "gpumon: error: cannot write to standard output: No space left on device"
+
+
+@pytest.mark.parametrize("module", ["gpumon.sim.fakenvml", "gpumon.detect.stage", "gpumon.trace.writer"])
+def test_sigterm_while_record_is_still_starting_is_130(tmp_path: Path, module: str) -> None:
+    """SIGTERM at start-up (README: 130) used to kill `gpumon record` by the signal (143) or,
+    raised inside an import that swallowed it, leave it recording for ever. The moment is driven
+    by the process itself: `-X importtime` says on stderr when each module is in."""
+    out = str(tmp_path / "t.jsonl")
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "gpumon", "record", "--simulate", "healthy", "-o", out],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if line.rstrip().endswith(module):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, (proc.returncode, rest[-2000:])
+    assert "Traceback" not in rest and "gpumon: interrupted" in rest
+
+
+def test_sigterm_ends_watch_with_130_after_its_summary() -> None:
+    """README "Exit codes": `timeout -s TERM 3 gpumon watch ...` exited 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "watch", "--simulate", "healthy"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "(simulated)" in line or re.match(r"\s+\d+\.\d\s+0 ", line):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "GPU 0:" in out and "wasted" in out and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_says_how_to_add_it_to_this_install(tmp_path: Path) -> None:
+    """issue 27: the hint was `pip install 'gpumon-datastall[plot]'`, which no package index has."""
+    trace = tmp_path / "t.jsonl"
+    p = gpumon("record", "--simulate", "starved-cpu", "--duration", "5", "--speed", "max", "-o", str(trace))
+    assert p.returncode == 0, p.stderr
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "gpumon", "analyze", str(trace), "--plot", str(tmp_path / "t.png")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=f"{hide}:{ROOT}"),
+    )
+    assert p.returncode == 6
+    line = one_line_error(p)
+    assert f"{sys.executable} -m pip install" in line and "[plot]" in line, line
+    assert "'gpumon-datastall[plot]'" not in line
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "prefix", "hint"),
+    [
+        (
+            '{"url": "file:///src/gpumon", "dir_info": {"editable": true}}',
+            "/venv",
+            "-m pip install -e '/src/gpumon[plot]'",
+        ),
+        ('{"url": "file:///src/gpumon", "dir_info": {}}', "/venv", "-m pip install '/src/gpumon[plot]'"),
+        (None, "/venv", "-m pip install 'gpumon-datastall[plot]'"),  # from a package index
+        (
+            '{"url": "file:///src/gpumon", "dir_info": {}}',
+            "/root/.local/pipx/venvs/gpumon-datastall",
+            "pipx inject gpumon-datastall matplotlib",
+        ),
+    ],
+)
+def test_the_install_hint_follows_how_gpumon_was_installed(
+    monkeypatch: pytest.MonkeyPatch, direct_url: str | None, prefix: str, hint: str
+) -> None:
+    from importlib import metadata
+
+    from gpumon.core import extras
+
+    class Dist:
+        def read_text(self, name: str) -> str | None:
+            return direct_url if name == "direct_url.json" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    monkeypatch.setattr(sys, "prefix", prefix)
+    assert hint in extras.install_hint("plot")

@@ -83,3 +83,55 @@ def test_every_config_key_and_threshold_is_documented() -> None:
     assert not missing, missing
     missing_th = {f.name for f in fields(Thresholds) if f"`{f.name}`" not in text}
     assert not missing_th, f"document these thresholds in docs/detector.md: {sorted(missing_th)}"
+
+
+def test_the_readme_starts_where_a_user_starts() -> None:
+    """issue 27: the two commands stay on top; then what it is, a picture, an install that works
+    on Debian 12 (a virtual environment), the commands to try; everything else in docs/."""
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 200
+    assert lines[3].startswith("./scripts/run.sh ") and lines[4].startswith("./scripts/test.sh ")
+    first_screen = "\n".join(lines[:60])
+    for needed in (
+        "![",
+        "docs/images/",
+        "python3 -m venv",
+        "pipx install",
+        "gpumon demo",
+        "gpumon watch --simulate",
+        "gpumon serve --simulate starved-cpu,healthy",
+        "systemctl enable --now pmcd",
+        'sudo "$(command -v gpumon)" dstat-plugin install --system',
+        "dstat -c --gpu 1 3",
+    ):
+        assert needed in first_screen, needed
+    assert "sudo pip install" not in text
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name}: {target}"
+
+
+def test_the_dstat_codes_and_the_scenarios_are_all_documented() -> None:
+    import ast
+
+    from gpumon.sim.scenarios import SCENARIOS
+
+    plugin = ast.parse((ROOT / "gpumon/dstat/plugin/dstat_gpu.py").read_text())
+    codes = next(
+        ast.literal_eval(node.value)
+        for node in plugin.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_gpumon_state_codes"
+    )
+    dstat = (ROOT / "docs/dstat.md").read_text()
+    missing = [c for c in codes.values() if f"`{c}`" not in dstat]
+    assert not missing, f"docs/dstat.md lists no {missing}"
+    usage = (ROOT / "docs/usage.md").read_text()
+    missing = [name for name in SCENARIOS if f"`{name}`" not in usage]
+    assert not missing, f"docs/usage.md's scenario table lacks {missing}"
+    assert "**duty cycle**" in usage and "**duty cycle**" in (ROOT / "README.md").read_text()

@@ -132,7 +132,9 @@ def test_csv_output_works_and_has_numeric_columns(
     for r in data:
         values = dict(zip(cols, r))
         assert 0 <= float(values["gpu0:util"]) <= 100 and 0 <= float(values["gpu1:mem"]) <= 100
-        assert values["gpu0:state"] == "starved-cpu" and values["gpu1:state"] == "healthy"
+        # as pcp-dstat writes them (tests/test_pcp.py): the state's short code, whole percents
+        assert values["gpu0:state"] == "STcpu" and values["gpu1:state"] == "ok"
+        assert values["gpu1:mem"] == "60" and values["gpu0:util"].isdigit()
         assert float(values["usr"]) >= 0
 
 
@@ -173,6 +175,85 @@ def test_with_neither_it_says_what_to_start_and_exits_8(home: Path, which: str) 
     failed = [ln for ln in p.stderr.splitlines() if "dstat_gpu" in ln or "dool_gpu" in ln]
     assert len(failed) == 1 and "gpumon serve" in failed[0] and "libnvidia-ml.so.1" in failed[0]
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+def test_with_the_daemon_down_other_columns_do_not_hide_it(home: Path, which: str) -> None:
+    """`dstat -c --gpu` would carry on without the GPU columns and exit 0: asked for GPUs, it says
+    what to start, in one line, and exits 8."""
+    p = run(which, ["-c", "--gpu", "1", "1"], home, {"GPUMON_URL": f"http://127.0.0.1:{free_port()}"})
+    assert p.returncode == 8, (p.stdout, p.stderr)
+    said = [ln for ln in p.stderr.splitlines() if "imp module" not in ln and "import imp" not in ln]
+    assert len(said) == 1 and f"{which}_gpu: no GPU data" in said[0] and "gpumon serve" in said[0], said
+    assert "failed to load" not in p.stderr and not rows(p.stdout)
+
+
+MALFORMED = {
+    "a list": [1, 2],
+    "a string": "ready",
+    "gpus not a list": {"ready": True, "gpus": {"index": 0}},
+    "wrong types": {
+        "ready": True,
+        "gpus": [
+            {"index": "0", "available": True, "label": "healthy"},
+            {"index": True, "available": True},
+            {"index": 1, "available": True, "util_ratio": "0.5", "mem_used_ratio": [1], "label": 5},
+            {"index": 2, "mig": "x", "available": True},
+            {"index": 3, "available": "yes", "gpm": [], "label": None},
+            "gpu",
+        ],
+    },
+    "hostile label": {
+        "ready": True,
+        "gpus": [{"index": 0, "available": True, "util_ratio": 2.5, "label": "\x1b[2J\x1b[31mevil" * 20}],
+    },
+}
+"""States that are not gpumon's (issue 28): each is no answer, or a GPU shown with what is valid."""
+
+
+@pytest.fixture(scope="module")
+def malformed_daemon():
+    """Serves MALFORMED's documents at /CASE/api/v1/state (the plugin's URL may carry a path)."""
+    cases = {f"/{i}/api/v1/state": json.dumps(doc).encode() for i, doc in enumerate(MALFORMED.values())}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = cases.get(self.path, b"{}")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("which", ["dstat", "dool"])
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_state_is_never_a_traceback(
+    home: Path, malformed_daemon: str, which: str, case: str
+) -> None:
+    url = f"{malformed_daemon}/{list(MALFORMED).index(case)}"
+    p = run(which, ["--gpu", "1", "1"], home, {"GPUMON_URL": url})
+    assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr
+    assert "\x1b[2J" not in p.stdout
+    if case == "wrong types":  # GPU 1 and GPU 3 have integer indexes: shown, their junk left blank
+        assert p.returncode == 0, p.stderr
+        assert re.search(r"gpu1.*gpu3", p.stdout), p.stdout
+        for line in rows(p.stdout):
+            gpu1, gpu3 = re.split(r"[:┊]", line)
+            assert gpu1.split() == ["?"] and gpu3.split() == ["lost"], line
+    elif case == "hostile label":  # an impossible ratio is blank, the label an unknown state
+        assert p.returncode == 0, p.stderr
+        shown = ANSI.sub("", p.stdout).strip().splitlines()
+        assert shown[-1].split() == ["-", "-", "?"], p.stdout
+    else:
+        assert p.returncode == 8 and "no GPU data" in p.stderr, p.stderr
 
 
 # -- golden screen: a fixed fleet from a stub daemon ---------------------------------------------------

@@ -2,8 +2,10 @@
 PMDA and pcp-dstat (Debian's `pcp`, which scripts/test.sh installs) against `gpumon serve` on
 simulated GPUs, installed the documented way (`gpumon dstat-plugin install --system`).
 
-PCP's own scripts run the system's python3 (the `pcp` module lives there), so every PCP command
-here runs with a plain system PATH, as on a user's machine."""
+PCP's own scripts run the first python3 in PATH, which must be the system's (the `pcp` module
+lives there). gpumon is installed, and `dstat` run, from a user's shell as the README's first
+screen has it: a virtualenv active, and a `python3` that is not the system's first in PATH
+(`user_shell`); the other PCP commands run with a plain system PATH, as PCP's tools expect."""
 
 from __future__ import annotations
 
@@ -36,6 +38,31 @@ PCP_DSTAT = Path("/usr/lib/pcp/bin/pcp-dstat")
 
 def pcp_env(home: Path, **extra: str) -> dict[str, str]:
     return {"PATH": SYSTEM_PATH, "HOME": str(home), "LANG": "C.UTF-8", "TERM": "dumb", **extra}
+
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def user_shell(home: Path) -> dict[str, str]:
+    """A user's shell: this test's virtualenv active, and before it a `python3` that is not the
+    system's (as pyenv's shims are): neither has PCP's `pcp` module."""
+    shims = home / "shims"
+    shims.mkdir(parents=True, exist_ok=True)
+    fake = shims / "python3"
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    path = f"{shims}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:{SYSTEM_PATH}"
+    return pcp_env(home, PATH=path, VIRTUAL_ENV=str(VENV_BIN.parent))
+
+
+def pmcd_restart(env: dict[str, str]) -> None:
+    """Restart pmcd the way its admin would, from the shell `env` describes."""
+    p = subprocess.run(["/etc/init.d/pmcd", "restart"], env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    deadline = time.monotonic() + 60
+    while not pmcd_answers():
+        assert time.monotonic() < deadline, "pmcd did not come back"
+        time.sleep(0.5)
 
 
 def gpumon(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -132,12 +159,14 @@ def installed(
         "plugins": sorted(p.name for p in plugin_dir.iterdir()),
         "sources": sorted(p.name for p in dstat_pcp.url_file(conf).parent.iterdir()),
     }
-    p = gpumon("dstat-plugin", "install", "--system", "--url", daemon, env={"PATH": f"{SYSTEM_PATH}"})
+    home = tmp_path_factory.mktemp("home")
+    shell = user_shell(home)
+    p = gpumon("dstat-plugin", "install", "--system", "--url", daemon, env=shell)
     assert p.returncode == 0, p.stderr
     assert f"installed {plugin_dir / 'gpu'}" in p.stdout
     assert "PCP reads 2 GPU(s)" in p.stdout, p.stdout
     wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
-    yield {"home": tmp_path_factory.mktemp("home"), "conf": conf, "before": before, "install": p.stdout}
+    yield {"home": home, "shell": shell, "conf": conf, "before": before, "install": p.stdout}
     p = gpumon("dstat-plugin", "uninstall", "--system", "--for", "pcp")
     assert p.returncode == 0, p.stderr
     after = {
@@ -153,19 +182,32 @@ def point_at(url: str) -> None:
     assert p.returncode == 0, p.stderr
 
 
-def dstat(home: Path, *args: str, program: str = "dstat") -> subprocess.CompletedProcess[str]:
+def dstat(
+    home: Path, *args: str, program: str = "dstat", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`dstat ARGS` (or `pcp dstat ARGS`) from a plain system shell, or from the shell `env`."""
     cmd = ["pcp", "dstat", *args] if program == "pcp" else ["dstat", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=pcp_env(home), cwd=home, timeout=60)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or pcp_env(home), cwd=home, timeout=60)
 
 
 def rows(stdout: str) -> list[str]:
     return [ln for ln in stdout.splitlines() if re.match(r"\s*\d", ln)]
 
 
-@pytest.mark.parametrize("program", ["dstat", "pcp"])
+@pytest.mark.parametrize("program", ["dstat", "pcp", "dstat in a venv"])
 def test_a_starved_gpu_shows_stcpu_beside_the_cpu(installed: dict[str, object], program: str) -> None:
-    """The issue's check: `dstat -c --gpu 1 3` shows two GPU blocks, STcpu on gpu0, ok on gpu1."""
-    p = dstat(installed["home"], "-c", "--gpu", "1", "3", program=program)  # type: ignore[arg-type]
+    """The issue's check: `dstat -c --gpu 1 3` shows two GPU blocks, STcpu on gpu0, ok on gpu1;
+    also typed in the user's shell, a virtualenv active (the installer's /usr/local/bin/dstat)."""
+    shell = installed["shell"] if program == "dstat in a venv" else None
+    p = dstat(
+        installed["home"],  # type: ignore[arg-type]
+        "-c",
+        "--gpu",
+        "1",
+        "3",
+        program=program.split()[0],
+        env=shell,  # type: ignore[arg-type]
+    )
     assert p.returncode == 0, p.stderr
     assert "usr" in p.stdout, p.stdout
     body = rows(p.stdout)
@@ -232,29 +274,38 @@ FIXED = [
 ]
 
 
+class StubDaemon:
+    """Serves a fixed /metrics/pcp for the rows it is given (changeable while it runs)."""
+
+    def __init__(self, rows: list[pcp.Row]) -> None:
+        self.body = pcp.render_rows(rows)
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = stub.body
+                self.send_response(200 if self.path == "/metrics/pcp" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
 @pytest.fixture
 def stub(installed: dict[str, object], daemon: str) -> Iterator[str]:
     """PCP pointed at a stub serving a fixed /metrics/pcp, then back at the daemon."""
-    body = pcp.render_rows(FIXED)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/metrics/pcp" else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    point_at(url)
+    server = StubDaemon(FIXED)
+    point_at(server.url)
     wait_for_states({"gpu0": "STcpu", "gpu1": "ok", "gpu2": "STio", "gpu3": "lost"})
-    yield url
+    yield server.url
     point_at(daemon)
-    server.shutdown()
+    server.server.shutdown()
     wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
 
 
@@ -318,6 +369,111 @@ def test_basic_auth_goes_to_the_daemon_as_a_header(
         proc.wait(timeout=10)
         point_at(daemon)
         wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
+
+
+# -- independent of the shell that last touched PCP ----------------------------------------------------
+
+
+def title_gpus(stdout: str) -> list[str]:
+    return re.findall(r"gpu\d+", stdout.splitlines()[0]) if stdout else []
+
+
+def test_a_daemon_with_fewer_gpus_leaves_no_stale_columns(installed: dict[str, object], daemon: str) -> None:
+    """PCP's openmetrics PMDA caches every instance it saw: 4 GPUs, then 2, would draw 4 blocks.
+    The installer says so while it is so, and clears them when it points PCP at the daemon."""
+    conf = installed["conf"]
+    server = StubDaemon(FIXED)
+    try:
+        point_at(server.url)
+        wait_for_states({"gpu0": "STcpu", "gpu1": "ok", "gpu2": "STio", "gpu3": "lost"})
+        server.body = pcp.render_rows(FIXED[:2])  # the same daemon, restarted with 2 GPUs
+        wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
+        said = dstat_pcp.probe(server.url, wait_s=5)
+        assert "PCP reads 2 GPU(s)" in said and "also still lists 2 GPU(s)" in said, said
+        assert "(gpu2, gpu3)" in said, said
+        shown = dstat(installed["home"], "--gpu", "1", "1")  # type: ignore[arg-type]
+        assert title_gpus(shown.stdout) == ["gpu0", "gpu1", "gpu2", "gpu3"], shown.stdout
+    finally:
+        p = gpumon("dstat-plugin", "install", "--system", "--for", "pcp", "--url", daemon)
+        server.server.shutdown()
+    assert p.returncode == 0, p.stderr
+    assert "PCP reads 2 GPU(s)" in p.stdout and "still lists" not in p.stdout, p.stdout
+    assert dstat_pcp.instances(conf) == ["gpu0", "gpu1"]  # type: ignore[arg-type]
+    shown = dstat(installed["home"], "-c", "--gpu", "1", "1")  # type: ignore[arg-type]
+    assert title_gpus(shown.stdout) == ["gpu0", "gpu1"], shown.stdout
+
+
+def test_pmcd_restarted_from_a_venv_shell_runs_the_pmda_with_pcps_python(
+    installed: dict[str, object], daemon: str
+) -> None:
+    """pmcd restarted by an admin whose virtualenv is active, with another python3 first in PATH:
+    the PMDA pinned by the installer keeps running. Unpinned (as PCP's own Install writes
+    pmcd.conf), it dies at start, the installer says so and why, and installing again fixes it."""
+    conf: dict[str, str] = installed["conf"]  # type: ignore[assignment]
+    shell: dict[str, str] = installed["shell"]  # type: ignore[assignment]
+    pmcd_conf = Path(conf["PCP_PMCDCONF_PATH"])
+    manifest = Path(conf["PCP_SYSCONF_DIR"]) / "dstat" / dstat_pcp.MANIFEST
+    saved = {f: f.read_text() for f in (pmcd_conf, manifest)}
+    python = dstat_pcp._pcp_python(conf)
+    assert python is not None and f"{python} " in pmcd_conf.read_text(), "the install pinned PCP's python3"
+    try:
+        pmcd_restart(shell)
+        wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
+        shown = dstat(installed["home"], "-c", "--gpu", "1", "2", env=shell)  # type: ignore[arg-type]
+        assert shown.returncode == 0 and all("STcpu" in r for r in rows(shown.stdout)), shown.stderr
+
+        dstat_pcp._pin_interpreter(conf, "python3")  # what PCP's Install writes
+        pmcd_restart(shell)
+        said = dstat_pcp.probe(daemon, wait_s=20)
+        shims = Path(shell["PATH"].split(":")[0])
+        assert "openmetrics PMDA is not running" in said and f"{shims / 'python3'}, not PCP's" in said, said
+        assert "sudo gpumon dstat-plugin install --system" in said, said
+
+        p = gpumon("dstat-plugin", "install", "--system", "--url", daemon, env=shell)
+        assert p.returncode == 0, p.stderr
+        assert "PCP reads 2 GPU(s)" in p.stdout and f"with {python}" in p.stdout, p.stdout
+        wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
+    finally:
+        for f, text in saved.items():
+            f.write_text(text)
+        pmcd_restart(pcp_env(Path("/root")))
+    wait_for_states({"gpu0": "STcpu", "gpu1": "ok"})
+
+
+def test_with_pmcd_stopped_install_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dstat_pcp, "_pmcd_running", lambda: False)
+    said = dstat_pcp.probe("http://127.0.0.1:9877", wait_s=0)
+    assert said.startswith("pmcd is not running") and "systemctl enable --now pmcd" in said
+    assert "/etc/init.d/pmcd start" in said
+
+
+def test_the_dstat_wrapper_runs_pcp_dstat_with_pcps_python_from_a_venv(tmp_path: Path) -> None:
+    """What a system install puts first in PATH for pcp-dstat (its pmpython runs the first python3
+    in PATH); someone else's `dstat` there is left alone; uninstall removes only its own."""
+    conf = {
+        "PCP_SYSCONF_DIR": str(tmp_path / "etc"),
+        "PCP_PMDAS_DIR": str(tmp_path / "pmdas"),
+        "PCP_PMCDCONF_PATH": str(tmp_path / "pmcd.conf"),
+        "PCP_PYTHON_PROG": "python3",
+    }
+    Path(conf["PCP_PMCDCONF_PATH"]).write_text("openmetrics 144 pipe binary python pmda\n")
+    bin_ = tmp_path / "bin"
+    written, notes = dstat_pcp.install(True, "http://127.0.0.1:9877", None, conf, wrapper_dir=bin_)
+    assert bin_ / "dstat" in written and notes == []
+    plain = user_shell(tmp_path / "home")
+    plain["PATH"] = plain["PATH"].replace("/usr/local/sbin:/usr/local/bin:", "")  # no installed wrapper
+    env = dict(plain, PATH=f"{bin_}:{plain['PATH']}")
+    p = subprocess.run(["dstat", "-c", "1", "1"], capture_output=True, text=True, env=plain, timeout=60)
+    assert "No module named 'pcp'" in p.stderr, "without it, the venv's python3 runs pcp-dstat"
+    p = subprocess.run(["dstat", "-c", "1", "1"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "usr" in p.stdout, p.stderr
+    dstat_pcp.uninstall(True, conf)
+    assert not (bin_ / "dstat").exists()
+    (bin_ / "dstat").write_text("#!/bin/sh\n# someone's own dstat\n")
+    written, notes = dstat_pcp.install(True, "http://127.0.0.1:9877", None, conf, wrapper_dir=bin_)
+    assert bin_ / "dstat" not in written and "not gpumon's: left alone" in notes[0], notes
+    dstat_pcp.uninstall(True, conf)
+    assert (bin_ / "dstat").read_text().startswith("#!/bin/sh\n# someone's own")
 
 
 # -- without PCP: the pieces ---------------------------------------------------------------------------

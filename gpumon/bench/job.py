@@ -207,6 +207,31 @@ class SwitchingData(FedData):
         return (self.starved if time.monotonic() >= self.switch_at else self.fed)[i]
 
 
+class Progress(keras.callbacks.Callback):
+    """A line every few seconds: steps, time against --duration, the loss. Keras's own bar counts
+    against steps_per_epoch (100,000: the job stops by time long before) and shows hours of ETA."""
+
+    def __init__(self, duration_s: float, every_s: float = 5.0) -> None:
+        super().__init__()
+        self.duration_s, self.every_s = duration_s, every_s
+        self.start = self.last = time.monotonic()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        self.steps += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            loss = (logs or {}).get("loss")
+            said = f", loss {loss:.3f}" if loss is not None else ""
+            print(
+                f"gpumon bench: {now - self.start:4.0f} s of {self.duration_s:g} s, {self.steps} steps "
+                f"({self.steps / (now - self.start):.1f}/s){said}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 class StepTimer(keras.callbacks.Callback):
     """Per step: input wait (end of the previous step to the start of this one) and compute."""
 
@@ -427,13 +452,15 @@ def run(opts: BenchOptions) -> dict[str, float]:
     timer = StepTimer(opts, start + opts.duration_s, switch_at)
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
     callbacks: list[keras.callbacks.Callback] = [timer]
+    if opts.verbose:
+        callbacks.append(Progress(opts.duration_s))
     if opts.watch is not None:
         # here, not at the top: imports Keras: only inside a Keras job
         from gpumon.integrations.keras import GpumonCallback
 
         callbacks.append(GpumonCallback(opts.watch or None))
     try:
-        model.fit(data, epochs=epochs, verbose=opts.verbose, callbacks=callbacks)
+        model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     finally:
         timer.close()
         _stop_hogs(hogs)

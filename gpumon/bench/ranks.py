@@ -161,7 +161,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
                 _close(truth, rank, pipeline, window_start, end, shares, steps, per_rank, full)
                 window_start, waited, synced, computed, steps, full = end, 0.0, 0.0, 0.0, 0, True
             if plan.verbose and rank == 0 and steps % 20 == 0:
-                print(f"rank 0: step loss {float(loss):.3f}", file=sys.stderr)
+                print(f"rank 0: step loss {loss.detach().item():.3f}", file=sys.stderr)  # no autograd warning
         if plan.save and rank == 0:
             model.save(plan.save)
     finally:

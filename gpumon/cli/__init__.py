@@ -2,13 +2,41 @@
 share (flags.py); app.py parses and maps errors to exit codes.
 
 This file stays small on purpose: `gpumon serve` must hold its signals (so that a SIGHUP during
-start-up is a reload, not a death) before the rest of gpumon is even imported.
+start-up is a reload, not a death) before the rest of gpumon is even imported; every other command
+takes SIGTERM as Ctrl-C from its first moment (exit 130, README "Exit codes"), not only once its
+loop runs: a SIGTERM during the imports used to end `gpumon record` with 143.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
+
+EXIT_INTERRUPTED = 130
+"""gpumon.core.errors.EXIT_INTERRUPTED, not imported here: nothing heavy before the handler."""
+
+
+class Terminated(BaseException):
+    """SIGTERM before (or after) a command handles signals itself. Not a KeyboardInterrupt:
+    CPython marks one raised inside exec() (dataclasses build methods so, at import) as unhandled
+    and ends the process by SIGINT, whatever main() returns."""
+
+
+_TERMINATED: list[str] = []
+
+
+def terminated_early() -> bool:
+    """Whether SIGTERM came before the command's loop took signals over: raising Terminated may
+    not be enough, as a library being imported may swallow any exception (one did, in the tests:
+    `gpumon record` then ran on forever), so the loop asks before it starts."""
+    return bool(_TERMINATED)
+
+
+def _term_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    _TERMINATED.append(signal.Signals(signum).name)
+    raise Terminated(signal.Signals(signum).name)
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -32,6 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpumon.serve.signals import block_signals
 
         block_signals()
-    from gpumon.cli.app import main as run
+        from gpumon.cli.app import main as run
 
-    return run(args)
+        return run(args)
+    try:
+        if argv is None:  # the command line's process (not a caller's, e.g. a test's)
+            signal.signal(signal.SIGTERM, _term_as_ctrl_c)
+        from gpumon.cli.app import main as run
+
+        return run(args)
+    except (KeyboardInterrupt, Terminated):  # before (or after) the command's own handling of it
+        print("gpumon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -117,7 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
+    try:
+        args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
+    except OutputError as e:  # --help or --version to a full disk (argparse knows only OSError)
+        _silence_stdout()
+        print(f"gpumon: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:  # `gpumon --help | head -3`
+        _silence_stdout()
+        return EXIT_OK
     _setup_logging(args.log_level or "warning")
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from gpumon.cli import flags
 from gpumon.core.errors import EXIT_INTERNAL, EXIT_OK, MissingDependency, UsageError
+from gpumon.core.extras import install_hint
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ def add_parser(
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
-    s.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    s.add_argument("--quiet", action="store_true", help="no progress lines (every 5 s: time, steps, loss)")
     s.add_argument(
         "--watch",
         nargs="?",
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.bench.job import run as run_job
     except ImportError as e:
         raise MissingDependency(
-            f"gpumon bench needs Keras 3 and a backend ({e.name} is missing): pip install "
-            "'gpumon-datastall[bench]' torch (on machines without a GPU: torch==2.13.0, the CPU build)"
+            f"gpumon bench needs Keras 3 and a backend ({e.name} is missing): "
+            f"{install_hint('bench', 'torch')} (on machines without a GPU, the CPU build is enough)"
         ) from None
     result = run_job(
         _options(
@@ -163,8 +164,8 @@ def _run_ranks(args: argparse.Namespace) -> int:
         from gpumon.bench.ranks import RankPlan, cuda_devices, launch
     except ImportError as e:
         raise MissingDependency(
-            f"gpumon bench --gpus needs Keras 3 and torch ({e.name} is missing): pip install "
-            "'gpumon-datastall[bench]' torch"
+            f"gpumon bench --gpus needs Keras 3 and torch ({e.name} is missing): "
+            f"{install_hint('bench', 'torch')}"
         ) from None
     gpus = cuda_devices()
     if gpus and args.gpus > gpus:
@@ -212,8 +213,7 @@ def _run_jax(args: argparse.Namespace) -> int:
         from gpumon.bench.job import run as run_job
     except ImportError as e:
         raise MissingDependency(
-            f"gpumon bench needs Keras 3 and jax ({e.name} is missing): "
-            "pip install 'gpumon-datastall[bench]' jax"
+            f"gpumon bench needs Keras 3 and jax ({e.name} is missing): {install_hint('bench', 'jax')}"
         ) from None
     try:
         result = run_job(_options(BenchOptions, args, devices=args.gpus))

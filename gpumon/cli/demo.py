@@ -17,6 +17,8 @@ from pathlib import Path
 
 from gpumon.cli import flags
 from gpumon.core.errors import MissingDependency
+from gpumon.core.extras import install_hint
+from gpumon.detect.tracker import Verdict
 
 
 def _check_bench() -> None:
@@ -25,8 +27,8 @@ def _check_bench() -> None:
     missing = [m for m in ("keras", "torch") if importlib.util.find_spec(m) is None]
     if missing:
         raise MissingDependency(
-            f"gpumon demo runs a Keras job and needs {', '.join(missing)}: pip install "
-            "'gpumon-datastall[bench]' torch==2.13.0 (./scripts/run.sh does this)"
+            f"gpumon demo runs a Keras job and needs {', '.join(missing)}: "
+            f"{install_hint('bench', 'torch')} (./scripts/run.sh does this)"
         )
 
 
@@ -44,7 +46,8 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
     for f in (drive, truth):
         f.unlink(missing_ok=True)
     drive.touch()  # the daemon waits on it; the job appends its steps
-    daemon = Daemon(Config(drive=str(drive), listen=listen), clock=SinceStart(MonotonicClock()))
+    clock = SinceStart(MonotonicClock())
+    daemon = Daemon(Config(drive=str(drive), listen=listen), clock=clock)
     writer = TraceWriter(str(trace), make_header(daemon.pipeline.description.to_json(), 1.0), force=True)
     daemon.pipeline.on_tick(writer.write_tick)
     port = daemon.start()
@@ -53,15 +56,24 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
     print(
         f"gpumon demo: a real Keras training job on a SIMULATED GPU (no GPU here): the GPU is busy\n"
         f"exactly while the job's train steps run; the job's processes and CPU are read for real.\n"
-        f"Metrics: {url}/metrics   state: {url}/api/v1/state\n",
+        f"Metrics: {url}/metrics   state: {url}/api/v1/state\n"
+        f"Each phase trains for {phase_s:.0f} s, after the job's few seconds of start-up (Keras, its\n"
+        f"loader workers). Every 3 s, per GPU: the time since the demo began; the duty cycle (the\n"
+        f"share of the last {daemon.detector.thresholds.window_s:g} s in which a kernel ran); the "
+        f"busiest job process's CPU;\nthe verdict, with the detector's confidence in it (0 to 1).\n",
         flush=True,
     )
+    marks: list[tuple[float, str]] = []
+    job: subprocess.Popen[str] | None = None
     try:
         for pipeline, story in (
             ("fed", "fed: loader workers keep up"),
             ("starved-cpu", "starved: heavy Python augmentation in one loader process"),
         ):
-            print(f"== phase {pipeline} ({phase_s:.0f} s): {story}", flush=True)
+            began = clock.now()
+            if pipeline != "fed":
+                marks.append((began, "demo: the starved job starts"))
+            print(f"== phase {pipeline} at {began:.0f} s ({phase_s:.0f} s of training): {story}", flush=True)
             job = subprocess.Popen(
                 [
                     sys.executable,
@@ -83,24 +95,24 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            started = time.monotonic()
             while job.poll() is None:
                 time.sleep(min(3.0, max(0.1, phase_s)))
                 for v in daemon.detector.latest:
-                    ev = v.evidence
-                    duty = f"{ev.duty_cycle:4.0%}" if ev.duty_cycle is not None else "   -"
-                    cpu = f"{ev.busiest_job_core:4.0%}" if ev.busiest_job_core is not None else "   -"
-                    state = v.label.upper() if v.state == "starved" else v.label
-                    print(
-                        f"  {time.monotonic() - started:5.0f} s  GPU {v.index} (simulated)  duty {duty}  "
-                        f"busiest job process {cpu} of a core  ->  {state:<14} {v.confidence:.2f}",
-                        flush=True,
-                    )
+                    print(_live_line(clock.now(), v), flush=True)
+            print(
+                f"   phase {pipeline} ended at {clock.now():.0f} s: {phase_s:.0f} s of training after "
+                f"{clock.now() - began - phase_s:.0f} s of start-up",
+                flush=True,
+            )
             if job.returncode != 0:
                 err = job.stderr.read() if job.stderr else ""
                 print(f"gpumon demo: the {pipeline} job failed: {err[-500:]}", file=sys.stderr)
                 return 1
+            job = None
     finally:
+        if job is not None and job.poll() is None:  # interrupted (Ctrl-C, SIGTERM): no orphan
+            job.terminate()
+            job.wait(30)
         daemon.stop()
         writer.close(daemon.sampler.last_tick.t_s if daemon.sampler.last_tick else None, "duration")
     from gpumon.analyze.trace_report import analyze, render_text
@@ -113,12 +125,23 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
     try:
         from gpumon.analyze.plot import plot
 
-        plot(result, str(png))
+        plot(result, str(png), tuple(marks))
         print(f"plot: {png}")
     except MissingDependency as e:
         print(f"no plot: {e}")
     print(f"served {url}/metrics while it ran (stopped now); trace: {trace}")
     return 0
+
+
+def _live_line(t_s: float, v: Verdict) -> str:
+    ev = v.evidence
+    duty = f"{ev.duty_cycle:4.0%}" if ev.duty_cycle is not None else "   -"
+    cpu = f"{ev.busiest_job_core:4.0%}" if ev.busiest_job_core is not None else "   -"
+    state = v.label.upper() if v.state == "starved" else v.label
+    return (
+        f"  {t_s:5.0f} s  GPU {v.index} (simulated)  duty {duty}  busiest job process {cpu} of a core"
+        f"  ->  {state:<14} confidence {v.confidence:.2f}"
+    )
 
 
 def add_parser(

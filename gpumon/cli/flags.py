@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from gpumon.cli import terminated_early
 from gpumon.collect.pipeline import AttributionSpec, Pipeline, SourceSpec
 from gpumon.config import sources as config_sources
 from gpumon.config.settings import (
@@ -211,6 +212,8 @@ def run_until_done(pipeline: Pipeline, duration_s: float | None) -> RunResult:
     """Run the pipeline on its own thread while this one waits for it, or for Ctrl-C or SIGTERM;
     a signal stops the loop between ticks (never in the middle of one), so every sink (a trace
     file) ends whole."""
+    if terminated_early():  # SIGTERM during start-up, its exception swallowed on the way
+        return RunResult(True)
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -237,16 +240,33 @@ def run_until_done(pipeline: Pipeline, duration_s: float | None) -> RunResult:
     return RunResult(interrupted)
 
 
+_LATE_SIGNALS: list[str] = []
+
+
+def interrupted_late() -> bool:
+    """Whether SIGINT or SIGTERM came after the loop ended, while the command was closing its
+    files: noted (the file is ended whole, not cut by a KeyboardInterrupt), and the command then
+    exits 130 as if it had come a moment earlier."""
+    return bool(_LATE_SIGNALS)
+
+
 class _RaiseOnSignals:
+    """While the loop runs, a signal raises Interrupted in the waiting thread; once it ends, a
+    signal is only noted (interrupted_late), so what follows (closing a trace) is never cut."""
+
     def __enter__(self) -> None:
         def handler(signum: int, frame: FrameType | None) -> None:
             raise Interrupted(signal.Signals(signum).name)
 
-        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, handler)
 
     def __exit__(self, *exc: object) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
+        def note(signum: int, frame: FrameType | None) -> None:
+            _LATE_SIGNALS.append(signal.Signals(signum).name)
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, note)
 
 
 def time_point(text: str) -> float:

@@ -65,4 +65,4 @@ def run(args: argparse.Namespace) -> int:
         f"gpumon: wrote {writer.ticks} ticks of {len(gpus)} GPU(s) to {args.output} ({reason})",
         file=sys.stderr,
     )
-    return EXIT_INTERRUPTED if reason == "interrupted" else EXIT_OK
+    return EXIT_INTERRUPTED if reason == "interrupted" or flags.interrupted_late() else EXIT_OK

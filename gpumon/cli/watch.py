@@ -8,7 +8,7 @@ import sys
 from gpumon.cli import flags
 from gpumon.collect.pipeline import Pipeline
 from gpumon.core.clock import SinceStart
-from gpumon.core.errors import EXIT_OK
+from gpumon.core.errors import EXIT_INTERRUPTED, EXIT_OK
 from gpumon.core.model import Tick
 from gpumon.detect.tracker import Verdict
 
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU {key[0]}: {summary}; wasted {det.wasted_gpu_s:.0f} GPU-s", flush=True)
     if writer is not None:
         print(f"trace: {args.output} ({writer.ticks} ticks)", flush=True)
-    return EXIT_OK
+    # README "Exit codes": Ctrl-C or SIGTERM is 130, the summary above printed all the same
+    return EXIT_INTERRUPTED if reason == "interrupted" or flags.interrupted_late() else EXIT_OK
 
 
 def _show(tick: Tick, verdicts: list[Verdict], color: bool) -> None:

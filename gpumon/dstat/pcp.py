@@ -10,12 +10,19 @@ an HTTP endpoint into PCP metrics. So installing for pcp-dstat is three things:
 3. a `gpu` plugin file in `$PCP_SYSCONF_DIR/dstat/` (or `~/.pcp/dstat/` with --user).
 What was installed is written to a manifest beside the plugin, and uninstall removes exactly that.
 
-Two things make PCP's view independent of who last touched pmcd. pmcd.conf starts the PMDA as
-`python3 pmdaopenmetrics.python`, found in pmcd's own PATH: restarted from a shell with a
-virtualenv first in PATH, the PMDA dies at start (no `pcp` module there). Install names PCP's
-interpreter by its absolute path instead (noted, and put back by uninstall). And the PMDA keeps
-the instances it ever saw in a cache under $PCP_VAR_DIR/config/pmda/ (a 2-GPU daemon would show
-the 4 GPUs of an earlier one): install and uninstall clear gpumon's part of it and restart the PMDA.
+Three things make `dstat --gpu` independent of the shell of whoever last touched PCP:
+- pmcd.conf starts the PMDA as `python3 pmdaopenmetrics.python`, found in pmcd's own PATH:
+  restarted from a shell with a virtualenv (or pyenv) first in PATH, the PMDA dies at start (no
+  `pcp` module there). Install names PCP's interpreter by its absolute path instead (noted, and put
+  back by uninstall).
+- pcp-dstat itself runs `#!/usr/bin/env pmpython`, and pmpython runs the first `python3` in PATH:
+  with a virtualenv active, `dstat` stops with "No module named 'pcp'". A system install writes
+  /usr/local/bin/dstat (before /usr/bin in PATH), which runs pcp-dstat with PCP_PYTHON_PROG set to
+  PCP's interpreter by its absolute path (pmpython reads that variable before pcp.conf).
+- The PMDA keeps the instances it ever saw in a cache under $PCP_VAR_DIR/config/pmda/ (a 2-GPU
+  daemon would show the 4 GPUs of an earlier one): install and uninstall clear gpumon's part of it
+  and restart the PMDA; the installer's last line counts the GPUs `dstat --gpu` will show, stale
+  ones apart.
 """
 
 from __future__ import annotations
@@ -59,6 +66,20 @@ CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 """PCP's scripts run its own python3 (with the pcp module), never one a virtualenv puts first."""
 
 
+WRAPPER_DIR = Path("/usr/local/bin")
+"""Where a system install puts its `dstat` (pcp-dstat with PCP's python3): before /usr/bin in
+Debian's, Ubuntu's and Fedora's default PATH, after a virtualenv's bin/."""
+WRAPPER_MARK = "# gpumon-dstat-wrapper"
+WRAPPER = """\
+#!/bin/sh
+{mark}: written by `gpumon dstat-plugin install --system`, removed by its uninstall.
+# pcp-dstat runs the first python3 in PATH (through pmpython), which in a virtualenv or under pyenv
+# lacks PCP's `pcp` module: run it with PCP's own interpreter, whatever the PATH.
+PCP_PYTHON_PROG={python}
+export PCP_PYTHON_PROG
+exec {pcp_dstat} "$@"
+"""
+
 PMDA_SCRIPT = "pmdaopenmetrics.python"
 CLUSTER_INDOMS = 1024
 """pmdaopenmetrics: instance domain 4096 + cluster * 1024 + n holds the instances of a source's
@@ -72,6 +93,7 @@ def pcp_conf(path: str = "/etc/pcp.conf") -> dict[str, str]:
         "PCP_PMCDCONF_PATH": "/etc/pcp/pmcd/pmcd.conf",
         "PCP_VAR_DIR": "/var/lib/pcp",
         "PCP_PYTHON_PROG": "python3",
+        "PCP_LOG_DIR": "/var/log/pcp",
     }
     try:
         with open(path) as f:
@@ -129,10 +151,18 @@ def pmda_registered(conf: dict[str, str]) -> bool:
 
 
 def install(
-    system: bool, url: str, basic_auth: str | None, conf: dict[str, str] | None = None
+    system: bool,
+    url: str,
+    basic_auth: str | None,
+    conf: dict[str, str] | None = None,
+    wrapper_dir: Path | None = None,
 ) -> tuple[list[Path], list[str]]:
-    """Returns what was written and what the user should know (notes)."""
-    conf = conf or pcp_conf()
+    """Returns what was written and what the user should know (notes). Without `conf`, this
+    machine's PCP, and the `dstat` wrapper goes to WRAPPER_DIR; with one (tests), the wrapper is
+    written only where `wrapper_dir` says."""
+    if conf is None:
+        conf = pcp_conf()
+        wrapper_dir = wrapper_dir or WRAPPER_DIR
     notes: list[str] = []
     done = Installed()
     pdir = plugin_dir(system, conf)
@@ -150,10 +180,17 @@ def install(
         _write(uf, body.encode(), 0o600 if basic_auth else 0o644, None)
         done.files.append(str(uf))
         was_registered = pmda_registered(conf)
+        if wrapper_dir is not None:
+            wrapper, note = _write_wrapper(conf, wrapper_dir, previous)
+            if wrapper is not None:
+                done.files.append(str(wrapper))
+            if note:
+                notes.append(note)
         # A PMDA started afresh knows no metric of a source it cannot read: while the daemon is
         # down, the running PMDA (which knows gpumon's metrics) is kept, so `dstat --gpu` shows
-        # blank columns rather than "unknown metric"; it is restarted once the daemon answers.
-        restart = was_registered and _answers(url, basic_auth)
+        # blank columns rather than "unknown metric"; it is restarted once the daemon answers, or
+        # when it is not running at all (it died at start: nothing to keep).
+        restart = was_registered and (_answers(url, basic_auth) or not _pmda_pids())
         if restart:
             _stop_pmda()  # before its cache is cleared: it saves the cache as it ends
             _clear_instances(conf)
@@ -270,43 +307,55 @@ def _pmda_script(conf: dict[str, str], name: str) -> None:
         raise OutputError(f"{script} failed (exit {p.returncode}): {' / '.join(said[-3:]) or 'no output'}")
 
 
-def probe(url: str, wait_s: float = 15.0) -> str:
+STATE_METRIC = "openmetrics.gpumon.gpu.state"
+PMCD_START = "`sudo systemctl enable --now pmcd` (without systemd: `sudo /etc/init.d/pmcd start`)"
+
+_INSTANCES = """\
+import sys
+from pcp import pmapi
+ctx = pmapi.pmContext()
+desc = ctx.pmLookupDescs(ctx.pmLookupName([sys.argv[1]]))[0]
+print("\\n".join(ctx.pmGetInDom(desc)[1]))
+"""
+"""Run by PCP's python3: the instance names of the metric's instance domain, which is what
+pcp-dstat draws a column block for (pminfo and pmprobe show only the instances with a value)."""
+
+
+def probe(url: str, wait_s: float = 15.0, conf: dict[str, str] | None = None) -> str:
     """One line on whether PCP reads gpumon now: what `dstat --gpu` will show, and if blank, why."""
-    env = {"PATH": CLEAN_PATH, "LANG": "C"}
+    conf = conf or pcp_conf()
+    if not _pmcd_running():
+        return f"pmcd is not running: start it, {PMCD_START}, then run `dstat --gpu`"
     deadline = time.monotonic() + wait_s
+    no_pmda_since: float | None = None
     while True:
-        try:
-            p = subprocess.run(
-                ["pmprobe", "-v", "openmetrics.gpumon.gpu.state"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"cannot ask PCP (pmprobe: {e}): is the pcp package installed?"
+        p = _pcp_command(["pmprobe", "-v", STATE_METRIC])
+        if isinstance(p, str):
+            return p
         if p.returncode != 0:
             # pmcd restarting (the PMDA's Install restarts it) refuses connections for a while
             if time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
             why = (p.stderr.strip().splitlines() or ["no answer"])[-1]
-            return f"pmcd does not answer ({why}): start it (`systemctl start pmcd`), then run `dstat --gpu`"
+            return f"pmcd does not answer ({why}): start it, {PMCD_START}, then run `dstat --gpu`"
         fields = p.stdout.split(maxsplit=2)
         if len(fields) >= 2 and fields[1].lstrip("-").isdigit() and int(fields[1]) > 0:
-            return f"PCP reads {fields[1]} GPU(s) from gpumon serve at {url}: `dstat --gpu` shows them"
-        if time.monotonic() >= deadline:
+            return _reads(url, int(fields[1]), conf)
+        now = time.monotonic()
+        # pmcd starts the PMDA within a second of its SIGHUP: one missing for 3 s died at start
+        no_pmda_since = (no_pmda_since or now) if not _pmda_pids() else None
+        if now >= deadline or (no_pmda_since is not None and now - no_pmda_since >= 3.0):
             break
         time.sleep(0.5)
-    asked = subprocess.run(
-        ["pminfo", "-f", "openmetrics.control.status"], env=env, capture_output=True, text=True, timeout=10
-    )
+    asked = _pcp_command(["pminfo", "-f", "openmetrics.control.status"])
+    if isinstance(asked, str):
+        return asked
     status = asked.stdout
     if "Unknown metric name" in asked.stdout + asked.stderr or asked.returncode != 0:
         return (
-            "PCP's openmetrics PMDA does not answer (it died at start, or pmcd has not started it): see "
-            "/var/log/pcp/pmcd/openmetrics.log and pmcd.log; `sudo gpumon dstat-plugin install --system` "
-            "again restarts it with PCP's own python3"
+            f"PCP's openmetrics PMDA is not running: {_why_pmda_died(conf)}; "
+            "`sudo gpumon dstat-plugin install --system` again restarts it with PCP's own python3"
         )
     found = re.search(r'"gpumon"\] value "(.*)"', status)
     why = found.group(1) if found else "the openmetrics PMDA has not read it yet"
@@ -316,6 +365,114 @@ def probe(url: str, wait_s: float = 15.0) -> str:
         f"PCP cannot read gpumon serve at {url} yet ({why}): `dstat --gpu` shows blank columns "
         "until the daemon answers there"
     )
+
+
+def _pcp_command(argv: list[str]) -> subprocess.CompletedProcess[str] | str:
+    """A PCP command in PCP's clean environment, or the one line saying why it could not run."""
+    try:
+        return subprocess.run(
+            argv, env={"PATH": CLEAN_PATH, "LANG": "C"}, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot ask PCP ({argv[0]}: {e}): is the pcp package installed?"
+
+
+def _reads(url: str, with_values: int, conf: dict[str, str]) -> str:
+    """What `dstat --gpu` shows: the GPUs with a value, and the stale ones PCP still lists."""
+    shown = instances(conf)
+    stale = shown[with_values:] if len(shown) > with_values else []
+    said = f"PCP reads {with_values} GPU(s) from gpumon serve at {url}: `dstat --gpu` shows them"
+    if stale:
+        said += (
+            f"; PCP also still lists {len(stale)} GPU(s) this daemon does not have ({', '.join(stale)}), "
+            "shown as blank columns until `sudo gpumon dstat-plugin install --system` runs again "
+            "while the daemon answers"
+        )
+    return said
+
+
+def instances(conf: dict[str, str]) -> list[str]:
+    """The GPUs pcp-dstat draws (the state metric's instance domain), those with values first;
+    [] when PCP cannot say."""
+    python = _pcp_python(conf)
+    if python is None:
+        return []
+    try:
+        p = subprocess.run(
+            [python, "-c", _INSTANCES, STATE_METRIC],
+            env={"PATH": CLEAN_PATH, "LANG": "C"},
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    names = p.stdout.split() if p.returncode == 0 else []
+    valued = _pcp_command(["pminfo", "-f", STATE_METRIC])
+    have = set() if isinstance(valued, str) else set(re.findall(r'inst \[\d+ or "([^"]+)"\]', valued.stdout))
+    return sorted(names, key=lambda n: n not in have)
+
+
+def _why_pmda_died(conf: dict[str, str]) -> str:
+    """The likeliest reason, from pmcd.conf and pmcd's own environment, else from the logs."""
+    interpreter = None
+    try:
+        for line in Path(conf["PCP_PMCDCONF_PATH"]).read_text().splitlines():
+            fields = line.split()
+            if fields[:1] == ["openmetrics"]:
+                at = [j for j, w in enumerate(fields) if w.endswith(PMDA_SCRIPT)]
+                interpreter = fields[at[0] - 1] if at and at[0] > 0 else None
+    except OSError:
+        pass
+    pcp_python = _pcp_python(conf)
+    if interpreter is not None and not os.path.isabs(interpreter):
+        path = _pmcd_environ().get("PATH")
+        found = shutil.which(interpreter, path=path) if path else None
+        if found is not None and pcp_python is not None and not _same_file(found, pcp_python):
+            return (
+                f"pmcd starts it with `{interpreter}`, which in pmcd's PATH is {found}, not PCP's "
+                f"{pcp_python} (pmcd was started from a shell with a virtualenv or pyenv first in PATH)"
+            )
+    logs = Path(conf.get("PCP_LOG_DIR", "/var/log/pcp")) / "pmcd"
+    for log in (logs / "openmetrics.log", logs / "pmcd.log"):
+        said = _last_words(log, "openmetrics" if log.name == "pmcd.log" else "")
+        if said:
+            return f"{log} says {said!r}"
+    return f"it died at start, or pmcd has not started it ({logs} says no more)"
+
+
+def _pmcd_environ() -> dict[str, str]:
+    for pid in _pmcd_pids():
+        try:
+            pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        return dict(p.decode(errors="replace").partition("=")[::2] for p in pairs if b"=" in p)
+    return {}
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _last_words(log: Path, about: str = "") -> str:
+    """The last line of a log that says something (an exception, an error), about `about`."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [
+        ln.strip()
+        for ln in lines
+        if ln.strip() and not ln.startswith(("Log finished", "Log for")) and about in ln
+    ]
+    return said[-1][:200] if said else ""
 
 
 def _answers(url: str, basic_auth: str | None, timeout_s: float = 3.0) -> bool:
@@ -391,10 +548,8 @@ def _clear_instances(conf: dict[str, str]) -> None:
         (cache / f"{domain}.{serial}.py").unlink(missing_ok=True)
 
 
-def _stop_pmda(wait_s: float = 10.0) -> None:
-    """End the running openmetrics PMDA (it saves its cache as it goes); pmcd starts it again on
-    its next SIGHUP (_signal_pmcd)."""
-
+def _pmda_pids() -> list[int]:
+    """The openmetrics PMDA's processes (pmcd starts one; none when it died at start)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -403,8 +558,38 @@ def _stop_pmda(wait_s: float = 10.0) -> None:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if PMDA_SCRIPT.encode() in cmd:
+        if PMDA_SCRIPT.encode() in cmd and not _zombie(int(entry.name)):
             pids.append(int(entry.name))
+    return pids
+
+
+def _pmcd_pids() -> list[int]:
+    """pmcd's processes: the daemon itself, by its executable (the rc script /etc/init.d/pmcd,
+    run by a shell, has the comm "pmcd" too, and a SIGHUP makes it abandon its PMDA setup)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and (entry / "comm").read_text().strip() == "pmcd"
+                and Path(os.readlink(entry / "exe")).name == "pmcd"
+                and not _zombie(int(entry.name))
+            ):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _pmcd_running() -> bool:
+    return bool(_pmcd_pids())
+
+
+def _stop_pmda(wait_s: float = 10.0) -> None:
+    """End the running openmetrics PMDA (it saves its cache as it goes); pmcd starts it again on
+    its next SIGHUP (_signal_pmcd)."""
+
+    pids = _pmda_pids()
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -427,14 +612,38 @@ def _signal_pmcd() -> None:
     """SIGHUP to pmcd: it re-reads pmcd.conf and starts the PMDAs that are not running (what PCP's
     pmsignal does; that lives outside PATH, in $PCP_BINADM_DIR)."""
 
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _pmcd_pids():
         try:
-            if (entry / "comm").read_text().strip() == "pmcd":
-                os.kill(int(entry.name), signal.SIGHUP)
+            os.kill(pid, signal.SIGHUP)
         except OSError:
             continue
+
+
+def _write_wrapper(conf: dict[str, str], wrapper_dir: Path, previous: Installed) -> tuple[Path | None, str]:
+    """/usr/local/bin/dstat running pcp-dstat with PCP's interpreter, when `dstat` is pcp-dstat.
+    Returns the file written (None if none) and a note for the user ("" if none)."""
+    found = shutil.which("dstat", path=CLEAN_PATH)
+    python = _pcp_python(conf)
+    if found is None or python is None:
+        return None, ""
+    pcp_dstat = os.path.realpath(found)
+    if "pcp" not in Path(pcp_dstat).name:
+        return None, ""  # the original dstat 0.7.4 names /usr/bin/python3 in its #! line
+    target = wrapper_dir / "dstat"
+    ours = str(target) in previous.files
+    if target.exists() and not ours:
+        try:
+            ours = WRAPPER_MARK in target.read_text(errors="replace")
+        except OSError:
+            ours = False
+        if not ours:
+            return None, (
+                f"{target} exists and is not gpumon's: left alone; with a virtualenv active, run "
+                f"`PCP_PYTHON_PROG={python} dstat --gpu` (pcp-dstat runs the first python3 in PATH)"
+            )
+    body = WRAPPER.format(mark=WRAPPER_MARK, python=python, pcp_dstat=pcp_dstat)
+    _write(target, body.encode(), 0o755, None)
+    return target, ""
 
 
 def _register_pmda(conf: dict[str, str]) -> None:

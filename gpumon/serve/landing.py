@@ -14,5 +14,7 @@ def landing_page(sampling: str) -> str:
         f"<p>Catches GPUs starved by their input pipeline. Sampling {html.escape(sampling)}.</p><ul>"
         '<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>'
         '<li><a href="/api/v1/state">/api/v1/state</a>: GPUs, host, verdicts and evidence (JSON)</li>'
+        '<li><a href="/api/v1/analysis?since=1h">/api/v1/analysis?since=1h</a>: the flight recorder\'s '
+        "last hour analyzed, as <code>gpumon analyze --from</code> does (JSON; since, until, gpu)</li>"
         '<li><a href="/healthz">/healthz</a>: health</li></ul></body></html>'
     )

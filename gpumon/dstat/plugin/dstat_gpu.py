@@ -6,9 +6,12 @@
 ###   1. the gpumon daemon's state API ($GPUMON_URL, default http://127.0.0.1:9877): utilization,
 ###      memory and the detector's verdict;
 ###   2. NVML straight through ctypes (libnvidia-ml.so.1): utilization and memory, state "-";
-###   3. neither: check() fails with one line saying what to start or install (dstat exits 8).
+###   3. neither: one line saying what to start or install, and dstat exits 8, also when other
+###      columns were asked for (`dstat -c --gpu`): asked for GPUs, it never runs without them.
+### A state that is not gpumon's (a list, wrong types, NaN) counts as no answer: never a traceback.
 ###
-### Columns per GPU: util (%), mem (% used), state:
+### Columns per GPU: util (%), mem (% used), state (on screen and in --output CSV alike, as
+### pcp-dstat shows them):
 ###   ok  healthy    STcpu STio SThst  starved (cause: CPU, storage, host)    stall  stalled
 ###   sync  sync-stall    under  underutilized    small  kernels too small (GPM)    idle  no job
 ###   ?  unknown    -  no verdict
@@ -20,7 +23,7 @@
 ### The file is exec'd inside dstat's main(): top-level names are not visible in methods unless
 ### declared global, hence the `global` lines.
 
-global types, _json, _gpumon_state_codes, _gpumon_alarm_states, _gpumon_column
+global types, _json, _gpumon_state_codes, _gpumon_alarm_states, _gpumon_column, _gpumon_gpus, _gpumon_ratio
 
 import json as _json  # noqa: E402 - plugins are executed, not imported
 
@@ -64,24 +67,30 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
 
     def check(self):
         import os
+        import sys
 
         self.url = os.environ.get("GPUMON_URL", "http://127.0.0.1:9877").rstrip("/")
-        state = self._daemon_state()
-        if state is not None and state.get("ready"):
+        gpus = _gpumon_gpus(self._daemon_state())
+        if gpus is not None:
             self.mode = "daemon"
-            gpus = [_gpumon_column(g) for g in state.get("gpus", [])]
+            columns = [_gpumon_column(g) for g in gpus]
         else:
-            gpus = self._nvml_open()
-            if gpus is None:
-                raise Exception(
-                    "no GPU data: start the gpumon daemon (gpumon serve; it did not answer at %s, "
-                    "set GPUMON_URL to change that) or install the NVIDIA driver (libnvidia-ml.so.1)"
-                    % self.url
+            columns = self._nvml_open()
+            if columns is None:
+                # dstat would carry on without the GPU columns (exit 0) when others were asked
+                # for: the user asked for GPUs, so say what to do and end as dstat ends on a
+                # plugin that cannot load (8)
+                sys.stderr.write(
+                    "%s: no GPU data: start the gpumon daemon (gpumon serve; it did not answer at %s, "
+                    "set GPUMON_URL to change that) or install the NVIDIA driver (libnvidia-ml.so.1)\n"
+                    % (os.path.basename(getattr(self, "filename", "dstat_gpu")).split(".")[0], self.url)
                 )
+                sys.stderr.flush()
+                os._exit(8)
             self.mode = "nvml"
-        if not gpus:
+        if not columns:
             raise Exception("no GPUs found (%s)" % ("gpumon daemon" if self.mode == "daemon" else "NVML"))
-        self.vars = ["gpu%s" % i for i in gpus]
+        self.vars = ["gpu%s" % c for c in columns]
         self.name = list(self.vars)
         return True
 
@@ -160,21 +169,20 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
 
     def extract(self):
         if self.mode == "daemon":
-            state = self._daemon_state() or {}
-            by_name = {"gpu%s" % _gpumon_column(g): g for g in state.get("gpus", [])}
+            by_name = {"gpu%s" % _gpumon_column(g): g for g in _gpumon_gpus(self._daemon_state()) or []}
             for name in self.vars:
                 g = by_name.get(name)
-                if g is None or not g.get("available", False):
+                if g is None or not g["available"]:
                     self.val[name] = [-1, -1, "-" if g is None else "lost"]
                     continue
-                util = g.get("util_ratio")
+                util = g["util_ratio"]
                 if util is None:  # a MIG instance: GPM's activity is all NVML gives
-                    util = (g.get("gpm") or {}).get("graphics_ratio")
-                mem = g.get("mem_used_ratio")
+                    util = g["gpm_ratio"]
+                mem = g["mem_used_ratio"]
                 self.val[name] = [
                     -1 if util is None else 100.0 * util,
                     -1 if mem is None else 100.0 * mem,
-                    g.get("label") or "unknown",
+                    g["label"],
                 ]
         else:
             for name, handle in zip(self.vars, self.handles):
@@ -199,13 +207,50 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         cells = []
         for name in self.vars:
             util, mem, label = self.val.get(name, [-1, -1, "-"])
+            # as pcp-dstat writes them: whole percents, the state as its short code
             cells.append("%.0f" % util if util >= 0 else "")
-            cells.append("%.1f" % mem if mem >= 0 else "")
-            cells.append(label)
+            cells.append("%.0f" % mem if mem >= 0 else "")
+            cells.append(_gpumon_state_codes.get(label, label))
         return char["sep"].join(cells)  # noqa: F821
 
 
 dool_plugin = dstat_plugin
+
+
+def _gpumon_ratio(value):
+    """A ratio from the state API, or None: numbers only (not bool), finite, within [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0.0 <= value <= 1.0 else None
+
+
+def _gpumon_gpus(state):
+    """The GPUs of a gpumon state document, each checked and reduced to what the columns show; None
+    when the document is not a ready gpumon state (a list, a string, no GPU list). A GPU entry
+    that is not one (no integer index) is left out; a label is kept only if it is a short word."""
+    if not isinstance(state, dict) or state.get("ready") is not True or not isinstance(state.get("gpus"), list):
+        return None
+    gpus = []
+    for g in state["gpus"]:
+        if not isinstance(g, dict):
+            continue
+        index, mig = g.get("index"), g.get("mig")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            continue
+        if mig is not None and (isinstance(mig, bool) or not isinstance(mig, int) or mig < 0):
+            continue
+        label = g.get("label")
+        if not isinstance(label, str) or not label or len(label) > 40 or not all(
+                c.isalnum() or c in "-_?" for c in label) or not label.isascii():
+            label = "unknown"
+        gpm = g.get("gpm")
+        gpus.append({
+            "index": index, "mig": mig, "available": g.get("available") is True, "label": label,
+            "util_ratio": _gpumon_ratio(g.get("util_ratio")),
+            "mem_used_ratio": _gpumon_ratio(g.get("mem_used_ratio")),
+            "gpm_ratio": _gpumon_ratio(gpm.get("graphics_ratio")) if isinstance(gpm, dict) else None,
+        })
+    return gpus
 
 
 def _gpumon_column(g):
