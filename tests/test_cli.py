@@ -346,6 +346,9 @@ def test_the_install_hint_follows_how_gpumon_was_installed(
         def read_text(self, name: str) -> str | None:
             return direct_url if name == "direct_url.json" else None
 
+        def locate_file(self, path: str) -> str:
+            return "/venv/lib/python3.11/site-packages"  # installed, not an egg-info in a clone
+
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
     monkeypatch.setattr(sys, "prefix", prefix)
     assert hint in extras.install_hint("plot")

@@ -27,6 +27,8 @@ STATE_COLORS = {
     "underutilized": "#bcbd22",
     "underutilized-small-kernels": "#dbdb8d",
     "idle": "#c7c7c7",
+    "starting": "#9ecae1",
+    "mig": "#f7f7f7",
     "unknown": "#eeeeee",
 }
 MAX_GPUS_PLOTTED = 16

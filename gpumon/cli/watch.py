@@ -19,6 +19,8 @@ _COLORS = {
     "sync-stall": "1;35",
     "underutilized": "33",
     "idle": "2",
+    "starting": "36",
+    "mig": "2",
     "unknown": "2",
 }
 

@@ -27,14 +27,17 @@ PACKAGES = {
 def source() -> tuple[str | None, bool]:
     """Where this gpumon was installed from (a local directory, or None for a package index or
     unknown) and whether it is an editable install."""
+    here = Path(__file__).resolve().parents[2]
+    tree = (str(here), True) if (here / "setup.cfg").exists() else (None, False)
     try:
-        direct = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        # run from a source tree (PYTHONPATH, `python -m gpumon` in a clone)
-        here = Path(__file__).resolve().parents[2]
-        return (str(here), True) if (here / "setup.cfg").exists() else (None, False)
+        return tree  # run from a source tree (PYTHONPATH, `python -m gpumon` in a clone)
+    direct = dist.read_text("direct_url.json")
     if not direct:
-        return None, False
+        # the egg-info an editable install leaves in its source tree (found first when that tree
+        # is on the path): that tree; anywhere else, an install from a package index
+        return tree if Path(str(dist.locate_file(""))).resolve() == here else (None, False)
     try:
         doc = json.loads(direct)
         url = str(doc.get("url", ""))
