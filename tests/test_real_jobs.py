@@ -352,3 +352,38 @@ def test_the_lightning_callback_says_so_too(driven: tuple[str, Path]) -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     assert STARVED in p.stdout, p.stdout + p.stderr[-2000:]
     assert "gpumon: this run on GPU 0:" in p.stdout
+
+
+def test_a_job_that_prepares_before_training_is_starting_then_healthy_and_never_a_hang(
+    driven: tuple[str, Path],
+) -> None:
+    """Issue 25: the job holds the GPU for a while before its first step (imports, data,
+    compiling: --start-delay), then trains fed. The daemon says `starting`, then `healthy`; never
+    `stalled`; and the training log has no "hang" line."""
+    import json
+    import threading
+
+    url, drive = driven
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                state = json.loads(urllib.request.urlopen(url + "/api/v1/state", timeout=5).read())
+                seen.extend(g["label"] for g in state.get("gpus", []) if g.get("index") == 0)
+            except (OSError, ValueError):
+                pass
+            done.wait(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    common = ["-m", "gpumon", "bench", "--drive", str(drive), "--watch", "--quiet"]
+    p = job(url, *common, "--pipeline", "fed", "--start-delay", "15", "--duration", "18")
+    done.set()
+    watcher.join(10)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "hang" not in p.stderr and "stalled" not in p.stderr, p.stderr
+    labels = [label for n, label in enumerate(seen) if n == 0 or seen[n - 1] != label]
+    assert "starting" in labels and "stalled" not in labels, labels
+    assert labels.index("starting") < labels.index("healthy"), labels

@@ -72,6 +72,8 @@ class BenchOptions:
     """JAX only: train data-parallel over this many devices (keras.distribution.DataParallel); on
     a machine without GPUs, as many CPU devices (XLA_FLAGS must ask for them before JAX starts)."""
     starve_after_s: float | None = None
+    start_delay_s: float = 0.0
+    """Hold the GPU this long before the first step (a job's start-up: imports, data, compiling)."""
     """Train fed this long, then switch the same job to `pipeline` (and start the CPU hogs then)."""
 
 
@@ -444,6 +446,11 @@ def run(opts: BenchOptions) -> dict[str, float]:
     template = build_model()
     model = template
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if opts.drive and opts.start_delay_s:
+        # the job's process is on the GPU from now (the drive file says so), before any kernel
+        with open(opts.drive, "a", encoding="utf-8") as f:
+            f.write(f"# gpumon-drive v1 pid={os.getpid()}\n")
+        time.sleep(opts.start_delay_s)
     hogs = _start_hogs(opts.cpu_hogs) if switching is None else []  # else at the switch
     start = time.monotonic()
     switch_at = None

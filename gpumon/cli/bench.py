@@ -43,6 +43,14 @@ def add_parser(
         "then): a change inside one run, as when a neighbour's job takes the CPUs",
     )
     s.add_argument(
+        "--start-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="hold the GPU for SECONDS before the first step, as a job does while it imports, indexes "
+        "its data or compiles (its process is on the GPU from the start; gpumon calls it starting)",
+    )
+    s.add_argument(
         "--gpus",
         type=int,
         default=1,
@@ -71,12 +79,22 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.start_delay <= 3600:
+        raise UsageError(f"--start-delay: between 0 and 3600 seconds, got {args.start_delay:g}")
+    if args.start_delay and (args.gpus != 1 or args.straggler is not None):
+        raise UsageError("--start-delay: one GPU only (data-parallel ranks start as torchrun starts them)")
     if args.gpus != 1 or args.straggler is not None:
         return _run_ranks(args)
     if args.starve_after is not None and not 0 < args.starve_after < args.duration:
         raise UsageError(
             f"--starve-after must be between 0 and --duration ({args.duration:g} s), "
             f"got {args.starve_after:g}"
+        )
+    if not 0 <= args.start_delay <= 3600:
+        raise UsageError(f"--start-delay: between 0 and 3600 seconds, got {args.start_delay:g}")
+    if args.start_delay and (args.gpus != 1 or args.straggler is not None):
+        raise UsageError(
+            "--start-delay: with one GPU only (data-parallel ranks start as torchrun starts them)"
         )
     if args.starve_after is not None and args.pipeline == "fed":
         raise UsageError("--starve-after needs a starving --pipeline (starved-cpu, starved-io or jpeg)")
@@ -90,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     result = run_job(
         _options(
-            BenchOptions, args, pipeline=args.pipeline, watch=args.watch, starve_after_s=args.starve_after
+            BenchOptions,
+            args,
+            pipeline=args.pipeline,
+            watch=args.watch,
+            starve_after_s=args.starve_after,
+            start_delay_s=args.start_delay,
         )
     )
     print(
