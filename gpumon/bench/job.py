@@ -3,11 +3,14 @@
 Never imported by the daemon (it imports Keras and a backend; KERAS_BACKEND, default torch).
 Input pipelines (--pipeline):
   fed          a PyDataset with process workers and cheap preprocessing
-  starved-cpu  heavy per-sample Python augmentation in one worker process (it pins one core)
-  starved-io   samples read from files through a throttled reader (a thread waiting on "storage")
+  starved-cpu  heavy per-sample Python augmentation in worker processes (one by default: it pins
+               a core)
+  starved-io   samples read from files, each worker process a throttled reader waiting on
+               "storage" (one by default)
   jpeg         JPEG files read from storage (dropped from the page cache first) and decoded and
-               augmented with PIL in --workers processes: with more workers than cores, or
+               augmented with PIL in worker processes: with more workers than cores, or
                --cpu-hogs beside it, each worker gets part of a core and waits for the rest
+Every pipeline runs in --workers processes (default: 2 for fed and jpeg, 1 for the starved ones).
 --cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
 --starve-after S makes the change inside one run: the job trains fed for S seconds, then the same
   job's loader switches to --pipeline (with the same worker processes) and the --cpu-hogs start;
@@ -15,7 +18,8 @@ Input pipelines (--pipeline):
 A callback measures, per step, the time waiting for input (from the end of a step to the start
 of the next) and the time computing (the step itself), and writes:
   --truth FILE  a labeled timeline: per window, the input-bound share of step time, banded as
-                TensorFlow's profiler does (>= 20% highly, >= 5% moderately, else not input-bound)
+                TensorFlow's profiler does (>= 20% highly, >= 5% moderately, else not input-bound),
+                and the steps per second the job made in it (what a fix buys is measured on it)
   --drive FILE  each step's busy interval, for a simulated GPU that is busy exactly while the
                 step runs (gpumon serve/record/watch --drive FILE), on machines without a GPU.
 With more than one GPU visible, it trains data-parallel with every step's batch full: the global
@@ -29,6 +33,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +51,13 @@ FILES = 8
 """Files the starved-io pipeline cycles through."""
 CLASSES = 10
 TRUTH_WINDOW_S = 5.0
+DEFAULT_WORKERS = {"fed": 2, "jpeg": 2, "starved-cpu": 1, "starved-io": 1}
+"""Loader worker processes per pipeline when --workers is not given: the starved pipelines starve
+with one (a pinned core, one reader), as issue 7's figures were measured."""
+
+
+def workers_for(opts: BenchOptions, pipeline: str) -> int:
+    return opts.workers if opts.workers is not None else DEFAULT_WORKERS.get(pipeline, 1)
 
 
 @dataclass(frozen=True)
@@ -53,7 +65,8 @@ class BenchOptions:
     pipeline: str = "fed"
     duration_s: float = 60.0
     batch_size: int = 64
-    workers: int = 2
+    workers: int | None = None
+    """Loader worker processes; None: the pipeline's default (DEFAULT_WORKERS)."""
     steps_per_epoch: int = 100_000
     """One long epoch that --duration cuts short: Keras restarts PyDataset workers every epoch, and a
     real job's epochs last minutes, not the seconds a short synthetic epoch would."""
@@ -301,6 +314,9 @@ class StepTimer(keras.callbacks.Callback):
                 "input_share": round(share, 4),
                 "band": band,
                 "steps": len(self.window),
+                "steps_per_s": round(len(self.window) / (now - self.window_start), 3)
+                if now > self.window_start
+                else None,
                 "pipeline": self.pipeline,
                 "expected": "starved" if band == "highly" else ("healthy" if band == "not" else "either"),
             }
@@ -318,12 +334,17 @@ class StepTimer(keras.callbacks.Callback):
 def _start_hogs(n: int) -> list[int]:
     """Other work on the host: N processes that each keep a core busy. Started through a shell that
     exits at once, so they are not the job's descendants (gpumon would count those as its loader
-    workers): neighbours, as other users' jobs are. Their PIDs, for _stop_hogs."""
+    workers), each in a session of its own (setsid: its own scheduling group, as another user's
+    job has under Slurm, Kubernetes or systemd): neighbours, as other users' jobs are. Their PIDs,
+    for _stop_hogs."""
 
+    # setsid execs in place (a background job of a shell without job control leads no process
+    # group), so $! is the neighbour's own PID
+    setsid = "setsid " if shutil.which("setsid") else ""
     pids = []
     for _ in range(n):
         out = subprocess.run(
-            ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+            ["sh", "-c", f"{setsid}'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
             capture_output=True,
             text=True,
             check=True,
@@ -380,12 +401,14 @@ def make_data(
 ) -> tuple[FedData, tempfile.TemporaryDirectory[str] | None]:
     """The input pipeline, and the folder holding its files (the caller cleans it up)."""
     tmp = None
+    workers = workers_for(opts, pipeline)
+    # Keras keeps at most max_queue_size batches asked for: fewer than workers + 1 would leave a
+    # worker idle, and a loader of N workers would do the work of fewer
+    queue = max(2, workers + 1)
     if pipeline == "fed":
-        data: FedData = FedData(
-            batch, batches, workers=opts.workers, use_multiprocessing=True, max_queue_size=8
-        )
+        data: FedData = FedData(batch, batches, workers=workers, use_multiprocessing=True, max_queue_size=8)
     elif pipeline == "starved-cpu":
-        data = CpuHeavyData(batch, batches, workers=1, use_multiprocessing=True, max_queue_size=2)
+        data = CpuHeavyData(batch, batches, workers=workers, use_multiprocessing=True, max_queue_size=queue)
     elif pipeline == "jpeg":
         tmp = tempfile.TemporaryDirectory(prefix="gpumon-bench-jpeg-")
         _write_jpegs(tmp.name, opts.jpeg_files)
@@ -394,9 +417,9 @@ def make_data(
             batches,
             tmp.name,
             opts.jpeg_files,
-            workers=opts.workers,
+            workers=workers,
             use_multiprocessing=True,
-            max_queue_size=4,
+            max_queue_size=max(4, queue),
         )
     elif pipeline == "starved-io":
         tmp = tempfile.TemporaryDirectory(prefix="gpumon-bench-")
@@ -405,7 +428,7 @@ def make_data(
             pad = np.zeros(int(opts.file_mb * 1e6), dtype=np.uint8)  # the rest of a raw sample's bytes
             np.savez(os.path.join(tmp.name, f"batch-{i}.npz"), x=x, y=y, pad=pad)
         data = ThrottledFileData(
-            batch, batches, tmp.name, opts.io_mb_per_s, workers=1, use_multiprocessing=False, max_queue_size=2
+            batch, batches, tmp.name, opts.io_mb_per_s, workers=workers, use_multiprocessing=True, max_queue_size=queue
         )
     else:
         raise ValueError(f"unknown pipeline {pipeline!r}")
@@ -475,4 +498,10 @@ def run(opts: BenchOptions) -> dict[str, float]:
             tmp.cleanup()
     if opts.save:
         template.save(opts.save)
-    return {"steps": timer.steps, "seconds": time.monotonic() - start, "gpus": gpus, "batch": batch}
+    return {
+        "steps": timer.steps,
+        "seconds": time.monotonic() - start,
+        "gpus": gpus,
+        "batch": batch,
+        "workers": workers_for(opts, opts.pipeline),
+    }

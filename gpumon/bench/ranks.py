@@ -54,7 +54,8 @@ class RankPlan:
     duration_s: float
     batch_size: int
     """The global batch: each rank trains on batch_size / world_size."""
-    workers: int
+    workers: int | None
+    """Loader worker processes per rank; None: each pipeline's default (the bench's)."""
     straggler: int | None
     straggler_pipeline: str
     drive: str | None
@@ -198,6 +199,7 @@ def _close(
         "input_share": round(waited / total, 4),
         "sync_share": round(synced / total, 4),
         "steps": steps,
+        "steps_per_s": round(steps / (end - start), 3) if end > start else None,
         "batch": batch,
         "full_batches": full,
         "pipeline": pipeline,

@@ -26,7 +26,11 @@ def add_parser(
     flags.add_setting(s, flags.DURATION, default=60.0, help="how long to train (default 60 s)")
     s.add_argument("--batch-size", type=int, default=64, metavar="N")
     s.add_argument(
-        "--workers", type=int, default=2, metavar="N", help="loader processes for the fed and jpeg pipelines"
+        "--workers",
+        type=int,
+        metavar="N",
+        help="loader worker processes (1 to 64; default: 2 for fed and jpeg, 1 for starved-cpu and "
+        "starved-io); with --gpus, each rank's",
     )
     s.add_argument(
         "--cpu-hogs",
@@ -78,7 +82,12 @@ def add_parser(
     s.set_defaults(func=run)
 
 
+MAX_WORKERS = 64
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers: between 1 and {MAX_WORKERS} loader processes, got {args.workers}")
     if not 0 <= args.start_delay <= 3600:
         raise UsageError(f"--start-delay: between 0 and 3600 seconds, got {args.start_delay:g}")
     if args.start_delay and (args.gpus != 1 or args.straggler is not None):
@@ -118,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"gpumon bench: {args.pipeline}: {result['steps']:.0f} steps in {result['seconds']:.0f} s "
-        f"on {result['gpus']:.0f} device(s), batch {result['batch']:.0f}",
+        f"({result['steps'] / max(result['seconds'], 1e-9):.1f} steps/s) on {result['gpus']:.0f} "
+        f"device(s), batch {result['batch']:.0f}, {result['workers']:.0f} loader worker(s)",
         file=sys.stderr,
     )
     return EXIT_OK
