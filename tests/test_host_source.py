@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections import namedtuple
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -371,3 +372,30 @@ def test_procfs_reads_this_machines_kernel() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_busiest_disk_utilization_comes_from_diskstats_io_ticks(tmp_path: Path) -> None:
+    """What a fix buys needs to know whether storage has room for more reads: iostat's %util of the
+    busiest whole disk, from the io_ticks of /proc/diskstats (partitions and unknown devices out)."""
+    from gpumon.collect.sources.host import DiskStats, busiest_disk_ratio
+
+    root = tmp_path
+    (root / "block" / "sda").mkdir(parents=True)
+    (root / "block" / "nvme0n1").mkdir(parents=True)
+    stats = root / "diskstats"
+
+    def write(sda_ticks: int, nvme_ticks: int, part_ticks: int) -> None:
+        stats.write_text(
+            f"   8       0 sda 10 0 2000 5 0 0 0 0 0 {sda_ticks} 9 0 0 0 0\n"
+            f"   8       1 sda1 10 0 2000 5 0 0 0 0 0 {part_ticks} 9 0 0 0 0\n"
+            f" 259       0 nvme0n1 10 0 4000 5 0 0 0 0 0 {nvme_ticks} 9 0 0 0 0\n"
+        )
+
+    disks = DiskStats(str(stats), sys_block=str(root / "block"))
+    write(1000, 5000, 0)
+    read_bytes, before = disks.read()
+    write(1250, 5900, 990_000)  # over 2 s: sda busy 250 ms (12.5%), nvme 900 ms (45%)
+    _, after = disks.read()
+    assert read_bytes == (2000 + 4000) * 512
+    assert busiest_disk_ratio(before, after, 2.0) == pytest.approx(0.45)
+    assert busiest_disk_ratio(None, after, 2.0) is None  # one reading: no rate yet

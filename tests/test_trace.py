@@ -169,3 +169,26 @@ def test_tolerated_oddities_are_documented_behaviour(tmp_path: Path) -> None:
     assert trace.ticks[1].gpus[0].util_ratio is None and trace.ticks[1].gpus[0].uuid == ""
     assert trace.ticks[2].gpus == ()
     assert any("repeated t_s" in w and ":3:" in w for w in trace.warnings)
+
+
+def test_the_busiest_disks_utilization_is_kept_and_absent_in_older_traces() -> None:
+    """Added within version 1: written where the host gave it, None when a trace has none."""
+    from gpumon.core.model import HostSample, Tick
+    from gpumon.trace.records import tick_from_dict
+
+    host = HostSample(
+        t_s=3.0,
+        cpu_count=4,
+        cpu_ratio=0.5,
+        busiest_core_ratio=0.9,
+        iowait_ratio=0.1,
+        load1=2.0,
+        disk_read_bytes_per_s=4e7,
+        disk_busy_ratio=0.42,
+    )
+    d = tick_to_dict(Tick(3.0, (), host))
+    back = tick_from_dict(d).host
+    assert back is not None and back.disk_busy_ratio == 0.42
+    del d["host"]["disk_busy_ratio"]
+    older = tick_from_dict(d).host
+    assert older is not None and older.disk_busy_ratio is None

@@ -192,6 +192,9 @@ class HostSample:
     load1: float
     disk_read_bytes_per_s: float | None
     processes: tuple[ProcessCpu, ...] = ()
+    disk_busy_ratio: float | None = None
+    """The busiest whole disk's share of time doing I/O (/proc/diskstats io_ticks: iostat's %util),
+    0-1; None where the host does not say."""
 
 
 @dataclass(frozen=True, slots=True)

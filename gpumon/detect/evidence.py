@@ -94,6 +94,10 @@ class Evidence:
     job_age_s: float | None = None
     """How long the job's oldest GPU process has been running (the host's newest reading); None
     where the host does not say."""
+    cpu_count: int | None = None
+    """The host's CPUs (what a fix's prediction counts the free cores of: detect/remedies.py)."""
+    disk_busy_ratio: float | None = None
+    """The busiest disk's share of time doing I/O over the host window (iostat's %util)."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -375,6 +379,8 @@ def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None)
         busiest_core_ratio=host_avg("busiest_core_ratio"),
         iowait_ratio=host_avg("iowait_ratio"),
         disk_read_bytes_per_s=host_avg("disk_read_bytes_per_s"),
+        cpu_count=hosts[-1].cpu_count if hosts else None,
+        disk_busy_ratio=host_avg("disk_busy_ratio"),
         sm_active=_mean(sm),
         sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
         clock_held=_clock_held(window.samples),

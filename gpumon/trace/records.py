@@ -102,6 +102,7 @@ def host_to_dict(h: HostSample) -> dict[str, Any]:
         "iowait_ratio": h.iowait_ratio,
         "load1": h.load1,
         "disk_read_bytes_per_s": h.disk_read_bytes_per_s,
+        **({"disk_busy_ratio": h.disk_busy_ratio} if h.disk_busy_ratio is not None else {}),
         "processes": [
             {
                 "pid": p.pid,
@@ -320,6 +321,7 @@ def _host(d: Any, t_s: float) -> HostSample | None:
         load1=_num(d, "load1") or 0.0,
         disk_read_bytes_per_s=_num(d, "disk_read_bytes_per_s"),
         processes=tuple(procs),
+        disk_busy_ratio=_num(d, "disk_busy_ratio"),  # added within version 1: absent in older traces
     )
 
 

@@ -225,6 +225,11 @@ class DiskStats:
         self._checked = -float("inf")
 
     def read_bytes(self) -> int:
+        return self.read()[0]
+
+    def read(self) -> tuple[int, dict[str, int]]:
+        """Bytes read from whole disks, and each whole disk's milliseconds spent doing I/O
+        (io_ticks, the 10th statistic: what iostat's %util is made of)."""
         with open(self._path, "rb") as f:
             lines = f.read().split(b"\n")
         now = time.monotonic()
@@ -234,11 +239,24 @@ class DiskStats:
             )
             self._checked = now
         total = 0
+        busy: dict[str, int] = {}
         for line in lines:
             fields = line.split()
-            if len(fields) >= 6 and fields[2].decode() in self._disks:
+            if len(fields) >= 6 and (name := fields[2].decode()) in self._disks:
                 total += int(fields[5]) * 512  # sectors read; a sector is 512 bytes here, whatever the disk
-        return total
+                if len(fields) >= 13:
+                    busy[name] = int(fields[12])
+        return total, busy
+
+
+def busiest_disk_ratio(prev: dict[str, int] | None, cur: dict[str, int] | None, dt_s: float) -> float | None:
+    """The busiest whole disk's share of the interval spent doing I/O (iostat's %util), 0-1; None
+    without two readings. A device at 1.0 is saturated if it serves one request at a time (a disk,
+    a network volume); SSDs and RAID serve many at once and read 1.0 well before their limit."""
+    if not prev or not cur or dt_s <= 0:
+        return None
+    shares = [max(0, cur[k] - prev[k]) / (dt_s * 1000.0) for k in cur if k in prev]
+    return round(min(1.0, max(shares)), 4) if shares else None
 
 
 def _cpu_s(proc: Any) -> float:
@@ -262,6 +280,8 @@ class HostSource:
         self._prev_t: float | None = None
         self._prev_cpu: list[Any] | None = None
         self._prev_disk: int | None = None
+        self._disk_busy: dict[str, int] | None = None
+        self._prev_disk_busy: dict[str, int] | None = None
         self._trees: dict[int, _Tree] = {}
         self._unseen: dict[int, float] = {}
         """GPU processes this host cannot see (another PID namespace), by when that was found:
@@ -293,6 +313,7 @@ class HostSource:
         procs = self._processes(sorted(set(gpu_pids)), t_s)
         prev_t, prev_cpu, prev_disk = self._prev_t, self._prev_cpu, self._prev_disk
         self._prev_t, self._prev_cpu, self._prev_disk = t_s, cur_cpu, disk
+        prev_busy, self._prev_disk_busy = self._prev_disk_busy, self._disk_busy
         self._prev_wall = self._wall()
         if prev_t is None or prev_cpu is None:
             return None  # baseline only: rates need two readings
@@ -306,13 +327,15 @@ class HostSource:
             iowait_ratio=round(ratios.iowait_ratio, 4) if ratios.iowait_ratio is not None else None,
             load1=round(float(self._ps.getloadavg()[0]), 2),
             disk_read_bytes_per_s=_round(rate(prev_disk, disk, dt)),
+            disk_busy_ratio=busiest_disk_ratio(prev_busy, self._disk_busy, dt),
             processes=procs,
         )
 
     def _read_disk(self) -> int | None:
         try:
             if self._diskstats is not None:
-                value: int | None = self._diskstats.read_bytes()
+                value: int | None
+                value, self._disk_busy = self._diskstats.read()
             else:
                 io = self._ps.disk_io_counters()
                 value = None if io is None else int(io.read_bytes)
