@@ -428,7 +428,13 @@ def make_data(
             pad = np.zeros(int(opts.file_mb * 1e6), dtype=np.uint8)  # the rest of a raw sample's bytes
             np.savez(os.path.join(tmp.name, f"batch-{i}.npz"), x=x, y=y, pad=pad)
         data = ThrottledFileData(
-            batch, batches, tmp.name, opts.io_mb_per_s, workers=workers, use_multiprocessing=True, max_queue_size=queue
+            batch,
+            batches,
+            tmp.name,
+            opts.io_mb_per_s,
+            workers=workers,
+            use_multiprocessing=True,
+            max_queue_size=queue,
         )
     else:
         raise ValueError(f"unknown pipeline {pipeline!r}")

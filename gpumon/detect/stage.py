@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
+from gpumon.detect.advisor import Advisor
 from gpumon.detect.evidence import GpuWindow
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import FleetDetector, Verdict
@@ -79,10 +80,13 @@ class DetectorSink:
         self.sampler = sampler
         self.thresholds = thresholds
         self.fleet = FleetDetector(thresholds)
+        self.advisor = Advisor(thresholds)
+        """What a fix buys, per GPU and episode (docs/detector.md)."""
         self.latest: list[Verdict] = []
 
     def feed(self, tick: Tick) -> list[Verdict]:
         verdicts = self.fleet.feed(windows_for(self.sampler, tick, self.thresholds))
+        self.advisor.feed(verdicts)
         self.latest = verdicts
         return verdicts
 
@@ -90,5 +94,6 @@ class DetectorSink:
         """New thresholds (SIGHUP) for every GPU, from the next tick on; totals are kept."""
         self.thresholds = thresholds
         self.fleet.thresholds = thresholds
+        self.advisor.thresholds = thresholds
         for det in self.fleet.gpus.values():
             det.thresholds = thresholds

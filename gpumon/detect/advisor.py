@@ -1,0 +1,110 @@
+"""What a fix buys, per GPU and episode: the remedy model (detect/remedies.py) fed the median of an
+episode's steady windows, not one noisy window. A small state machine fed the verdicts of each
+tick; no clock, no I/O: time comes with the verdicts."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpumon.detect.remedies import Advice, RemedyInputs, median_inputs, predict
+from gpumon.detect.stragglers import stragglers
+from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict
+from gpumon.detect.vocabulary import Cause, State
+
+KEPT_WINDOWS = 60
+"""The newest steady windows of an episode its advice is the median of (a minute at 1 s ticks): a
+long episode's advice follows what the job does now."""
+RECOMPUTE_S = 5.0
+"""An open episode's advice is worked out again at most this often (it changes slowly; a starved
+GPU's advice costs a few hundred microseconds)."""
+
+GpuKey = tuple[int, str]
+
+
+@dataclass
+class _Episode:
+    start_s: float
+    state: State
+    cause: Cause | None
+    windows: deque[tuple[float, RemedyInputs]] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
+    advice: Advice | None = None
+    advised_t_s: float = -float("inf")
+
+
+class Advisor:
+    """Feed it every tick's verdicts; ask it for each GPU's advice now, or per episode."""
+
+    def __init__(self, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+        self.thresholds = thresholds
+        self._open: dict[GpuKey, _Episode] = {}
+        self._closed: dict[GpuKey, deque[tuple[float, Advice | None]]] = {}
+
+    def feed(self, verdicts: Sequence[Verdict]) -> None:
+        window = self.thresholds.window_s
+        peers = _peer_cores(verdicts)
+        for v in verdicts:
+            key = (v.index, v.uuid)
+            ep = self._open.get(key)
+            if ep is None or ep.start_s != v.since_s or ep.state != v.state:
+                if ep is not None:
+                    self._close(key, ep)
+                ep = self._open[key] = _Episode(v.since_s, v.state, v.cause)
+            if ep.cause != v.cause:  # the cause refined (host, then cpu): its windows start afresh
+                ep.cause = v.cause
+                ep.windows.clear()
+            # the episode's steady windows: its own label, and whole inside it (not its onset)
+            if v.state == State.STARVED and v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9:
+                inputs = RemedyInputs.of(v.evidence, peers.get(key, 0.0))
+                if inputs is not None:
+                    ep.windows.append((v.t_s, inputs))
+
+    def _close(self, key: GpuKey, ep: _Episode) -> None:
+        kept = self._closed.setdefault(key, deque(maxlen=MAX_EPISODES_KEPT))
+        kept.append((ep.start_s, self._advise(ep)))
+
+    def _advise(self, ep: _Episode) -> Advice | None:
+        """The model on the median of the episode's steady windows, less its last window's worth
+        when enough are left (a job's teardown: its loaders gone while the GPU still reads starved)."""
+        windows = list(ep.windows)
+        if windows:
+            settled = [i for t, i in windows if t <= windows[-1][0] - self.thresholds.window_s]
+            chosen = settled if len(settled) >= len(windows) // 2 and settled else [i for _, i in windows]
+            return predict(ep.state, ep.cause, median_inputs(chosen), len(chosen))
+        return predict(ep.state, ep.cause, None, 0)
+
+    def current(self, key: GpuKey, t_s: float | None = None) -> Advice | None:
+        """The advice for the GPU's episode now (recomputed at most every RECOMPUTE_S of `t_s`)."""
+        ep = self._open.get(key)
+        if ep is None:
+            return None
+        if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S or ep.advice is None:
+            ep.advice = self._advise(ep)
+            ep.advised_t_s = t_s if t_s is not None else ep.advised_t_s
+        return ep.advice
+
+    def episodes(self, key: GpuKey) -> dict[float, Advice | None]:
+        """Each episode's advice by its start (the one going on last)."""
+        out = dict(self._closed.get(key, ()))
+        ep = self._open.get(key)
+        if ep is not None:
+            out[ep.start_s] = self._advise(ep)
+        return out
+
+
+def _peer_cores(verdicts: Sequence[Verdict]) -> dict[GpuKey, float]:
+    """For each straggler of the tick (starved while most GPUs with a job wait in sync-stall), the
+    CPU of the processes of the GPUs waiting for it, where the host sees them: the job's other
+    ranks on this host, whose steps grow with the straggler's."""
+    labels = {(v.index, v.uuid): v.label for v in verdicts if v.evidence.has_job}
+    found = stragglers(labels)
+    if not found:
+        return {}
+    waiting = sum(
+        v.evidence.job_cpu_cores or 0.0
+        for v in verdicts
+        if v.state == State.SYNC_STALL and v.evidence.job_seen_on_host
+    )
+    return dict.fromkeys(found, waiting)

@@ -1,0 +1,432 @@
+"""What a fix buys: from a starved GPU's evidence, the speed-up each remedy on the input side would
+bring, or why no number can be given. Pure: numbers in, a prediction out (docs/detector.md, "What a
+fix buys").
+
+The model, in steps per second relative to today's (`speedup` 1.0 is no change):
+- the ceiling: the GPU is busy a share `duty` of the time and waits for input the rest; with input
+  for free it runs at most 1/duty as many steps;
+- the loader: today's steps are what its workers make with the CPU they get (the job is starved,
+  so every batch they make is used). Its CPU per step is fixed, so `s` times the steps needs `s`
+  times today's worker CPU, spread over the new number of workers, each at most one core (a worker
+  is one single-threaded process). A storage-bound loader's workers each keep one read in flight:
+  `s` times the steps needs `s` times today's readers' streams;
+- the main process needs `s` times its CPU too (launching kernels, collating, the training loop);
+- the host's cores are shared, as Linux's scheduler shares them, fairly among the runnable
+  processes (water-filling): other users' processes that want whole cores (the host is saturated,
+  and they use what a loader worker gets) keep taking their share as the job adds workers;
+- storage: the busiest disk's utilization (iostat's %util) grows with the reads, to 1.0 at most.
+The speed-up of a change is the largest `s` (at most the ceiling) whose demands all fit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from gpumon.detect.evidence import Evidence
+from gpumon.detect.vocabulary import Cause, State
+
+NO_GAIN = 1.10
+"""A predicted speed-up below this is "no gain": the noise of a loader's batch times (5-15%,
+Lotus, IISWC 2024) and of a shared host's steps is as large."""
+NEAR_BEST = 0.95
+"""The smallest change reaching this share of the best candidate's speed-up is the one named."""
+MAX_MORE_WORKERS = 8
+"""Candidates go up to this many workers more than today's (and no further than the host's cores
+allow: a CPU-bound worker beyond them only shares)."""
+SATURATED_IDLE_CORES = 0.15
+"""A host with fewer idle cores than this (all cores together) is saturated: other users'
+processes may want more than they get."""
+OTHERS_CPU_BOUND = 0.8
+"""On a saturated host, other work that uses this share of the job's CPU or more is taken as
+CPU-bound groups at their fair share (they would take more if it were free)."""
+COARSE_PERIOD_S = 0.5
+"""A driver sample period this long or longer (consumer GPUs: 1 s) blurs sub-second steps."""
+WORKERS_KNOB = "loader workers (DataLoader(num_workers), PyDataset(workers))"
+"""The setting a change of workers is, where the framework is not known."""
+MIN_WINDOWS = 5
+"""Windows of an episode (one per tick) a prediction needs: fewer is too noisy to name a number."""
+
+
+class Kind(StrEnum):
+    PREDICTED = "predicted"
+    """A starved GPU whose signals support a number: candidates with their speed-ups."""
+    GPU_LIMIT = "gpu-limit"
+    """Fed: nothing on the input side to gain, the GPU is the limit."""
+    CANNOT = "cannot-predict"
+    """Starved, but the signals cannot support a number (`why` says which)."""
+
+
+class Limit(StrEnum):
+    GPU = "gpu"
+    """The ceiling: the GPU computes all the time."""
+    LOADER = "loader"
+    """The loader's workers: each at a whole core (more workers would help further)."""
+    CPU = "cpu"
+    """The host's cores, shared with the main process and other users."""
+    STORAGE = "storage"
+    """The storage device's utilization reaches 100%."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemedyInputs:
+    """What the model reads from one window's evidence (or the median of an episode's)."""
+
+    duty: float
+    """The GPU's busy share (since a fed-to-starved change, where the window shows one)."""
+    job_seen: bool
+    """The host sees the job's processes."""
+    coarse_blur: bool
+    """The driver samples are coarse (>= COARSE_PERIOD_S) and none reads idle: steps blurred."""
+    cpu_count: int | None
+    main_cores: float | None
+    """The training process's CPU."""
+    worker_cores: float | None
+    """The loader workers' CPU, all together (the training process's descendants)."""
+    busiest_worker_cores: float | None
+    workers: int | None
+    host_busy_cores: float | None
+    """All CPUs busy, in cores (the job, other users, the system)."""
+    disk_busy_ratio: float | None
+    read_bytes_per_s: float | None
+    peer_cores: float = 0.0
+    """A straggler's: the CPU of the job's other ranks on this host, which wait for it (in
+    sync-stall); their steps, and so their CPU, grow with its (detect/stragglers.py)."""
+
+    @classmethod
+    def of(cls, ev: Evidence, peer_cores: float = 0.0) -> RemedyInputs | None:
+        """From one window's evidence (and a straggler's peers' CPU); None without a duty cycle."""
+        duty = ev.duty_since_change if ev.duty_since_change is not None else ev.duty_cycle
+        if duty is None:
+            return None
+        main, job = ev.main_cpu_cores, ev.job_cpu_cores
+        coarse = ev.period_s is not None and ev.period_s >= COARSE_PERIOD_S
+        host = ev.host_cpu_ratio * ev.cpu_count if ev.host_cpu_ratio is not None and ev.cpu_count else None
+        return cls(
+            duty=duty,
+            job_seen=ev.job_seen_on_host,
+            coarse_blur=coarse and (ev.gap_share or 0.0) == 0.0,
+            cpu_count=ev.cpu_count,
+            main_cores=main,
+            worker_cores=None if main is None or job is None else max(0.0, job - main),
+            busiest_worker_cores=ev.busiest_child_cpu_cores,
+            workers=ev.loader_workers,
+            host_busy_cores=host,
+            disk_busy_ratio=ev.disk_busy_ratio,
+            read_bytes_per_s=ev.job_read_bytes_per_s,
+            peer_cores=peer_cores,
+        )
+
+
+_FIELDS = tuple(f.name for f in fields(RemedyInputs))
+
+
+def median_inputs(inputs: Sequence[RemedyInputs]) -> RemedyInputs:
+    """Each input's median over windows (a number known in at least half of them, else None); the
+    flags hold when they hold in most windows. Medians, not means: one window with a worker found
+    late or a neighbour's burst does not move them."""
+    out: dict[str, Any] = {}
+    for name in _FIELDS:
+        values = [getattr(i, name) for i in inputs]
+        if name in ("job_seen", "coarse_blur"):
+            out[name] = sum(bool(v) for v in values) * 2 > len(values)
+            continue
+        known = [v for v in values if v is not None]
+        if len(known) * 2 < len(values) or not known:
+            out[name] = None
+        elif name in ("cpu_count", "workers"):
+            out[name] = int(statistics.median_low(known))
+        else:
+            out[name] = statistics.median(known)
+    return RemedyInputs(**out)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    change: str
+    """`workers+1`, `workers+2`, ... or `cache` (the label value of gpumon_gpu_predicted_speedup)."""
+    workers: int | None
+    """The loader's worker count after the change (None for `cache`)."""
+    speedup: float
+    """Predicted steps per second against today's."""
+    limit: Limit
+    """What binds after the change."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "change": self.change,
+            "workers": self.workers,
+            "speedup": round(self.speedup, 3),
+            "limit": self.limit,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """What a fix buys on one GPU: the prediction, or why there is none."""
+
+    kind: Kind
+    cause: Cause | None = None
+    ceiling: float | None = None
+    """1 / duty: the most any input-side fix can buy (None when fed)."""
+    workers: int | None = None
+    """The loader's worker processes today."""
+    candidates: tuple[Candidate, ...] = ()
+    best: Candidate | None = None
+    """The smallest change of workers that reaches (nearly) the most they can buy; None: no gain."""
+    cache: Candidate | None = None
+    """Caching decoded samples (cpu) or the data on local storage (io): the loader's cost gone."""
+    why: str = ""
+    """For `cannot-predict`: why not; otherwise the binding limit in words."""
+    windows: int = 0
+    """How many windows the inputs are the median of."""
+
+    @property
+    def ready(self) -> bool:
+        """Not waiting for more of the episode's windows (a first look says "cannot predict" until
+        MIN_WINDOWS are in)."""
+        return self.kind != Kind.CANNOT or self.windows >= MIN_WINDOWS
+
+    @property
+    def no_gain(self) -> bool:
+        """Nothing to gain from more loader workers (fed, or every candidate under NO_GAIN)."""
+        return self.kind == Kind.GPU_LIMIT or (self.kind == Kind.PREDICTED and self.best is None)
+
+    def line(self, workers_knob: str = "loader workers") -> str:
+        """One line for people: "raise loader workers 1 -> 3: about 2.4x steps/s; beyond 3, the
+        GPU is the limit". `workers_knob` names the setting (DataLoader(num_workers) in a torch job)."""
+        if self.kind == Kind.GPU_LIMIT:
+            return "nothing on the input side: the GPU is the limit"
+        if self.kind == Kind.CANNOT:
+            ceiling = f" (at most {self.ceiling:.1f}x with input for free)" if self.ceiling else ""
+            return f"cannot predict what a fix buys{ceiling}: {self.why}"
+        cache = ""
+        if self.cache is not None and self.cache.speedup >= NO_GAIN:
+            what = (
+                "caching decoded samples"
+                if self.cause == Cause.CPU
+                else "the data on local SSD or in page cache"
+            )
+            cache = f"; {what}: about {self.cache.speedup:.1f}x"
+        if self.best is None:
+            return f"more {workers_knob} gain nothing: {self.why}{cache}"
+        b = self.best
+        beyond = {
+            Limit.GPU: "the GPU is the limit",
+            Limit.CPU: "the host's CPUs are the limit",
+            Limit.STORAGE: "the storage is the limit",
+            Limit.LOADER: "more workers would still add",
+        }[b.limit]
+        return (
+            f"raise {workers_knob} {self.workers} -> {b.workers}: about {b.speedup:.1f}x steps/s; "
+            f"beyond {b.workers}, {beyond}{cache}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "cause": self.cause,
+            "ceiling": None if self.ceiling is None else round(self.ceiling, 3),
+            "workers": self.workers,
+            "best": None if self.best is None else self.best.as_dict(),
+            "candidates": [c.as_dict() for c in self.candidates],
+            "cache": None if self.cache is None else self.cache.as_dict(),
+            "no_gain": self.no_gain,
+            "why": self.why,
+            "windows": self.windows,
+            "ready": self.ready,
+            "line": self.line(),
+        }
+
+
+def fed() -> Advice:
+    return Advice(Kind.GPU_LIMIT, why="the GPU computes nearly all the time")
+
+
+def cannot(why: str, cause: Cause | None = None, ceiling: float | None = None, windows: int = 0) -> Advice:
+    return Advice(Kind.CANNOT, cause=cause, ceiling=ceiling, why=why, windows=windows)
+
+
+def other_weight(i: RemedyInputs, cause: Cause) -> float | None:
+    """How much of each CPU other users' work claims, in groups' worth (G: 0 on an idle host, 1
+    for one other group spread over every CPU, C for one single-process group on each CPU); None
+    when the host has idle cores (the job can have all but the others' CPU).
+
+    Linux shares a busy CPU among the scheduling groups (cgroups: a Slurm job, a pod, a systemd
+    service; a login session's autogroup) that want it, by weight, and a group's weight is split
+    over the CPUs its processes run on: a job whose processes want k CPUs of C gets
+    k*C / (C + k*G) cores (each of its CPUs at (1/k) / (1/k + G/C)). Other users' work, in groups
+    of its own, keeps its share however many workers the job adds, and a job gains from more
+    workers only while they spread it over more CPUs. G is what makes today's share come out."""
+    assert i.main_cores is not None and i.worker_cores is not None and i.host_busy_cores is not None
+    cores = float(i.cpu_count or 1)
+    if cores - i.host_busy_cores >= SATURATED_IDLE_CORES:
+        return None
+    job = max(0.05, i.main_cores + i.peer_cores + i.worker_cores)
+    wanted = min(cores, _cpus_wanted(i, cause, i.workers or 0, i.worker_cores, 1.0))
+    if wanted <= job + 0.02:  # the job has what it wants: nothing to tell the others' claim by
+        return 1.0
+    return max(0.0, cores * (wanted - job) / (wanted * job))
+
+
+def _cpus_wanted(i: RemedyInputs, cause: Cause, workers: int, worker_cpu: float, s: float) -> float:
+    """The CPUs the job's processes keep runnable at `s` times today's steps: a CPU-bound loader's
+    workers one each (each always has a batch to make), a storage-bound one's what they use, the
+    main process its share."""
+    assert i.main_cores is not None
+    per_worker = min(1.0, worker_cpu * s / workers) if workers else 0.0
+    busy = 1.0 if cause == Cause.CPU and worker_cpu > 0 else per_worker
+    return min(1.0, i.main_cores * s) + i.peer_cores * s + workers * busy
+
+
+def job_cpu_cap(i: RemedyInputs, wanted: float, weight: float | None) -> float:
+    """The most CPU the job's processes can have together when they keep `wanted` CPUs runnable
+    (see other_weight)."""
+    assert i.main_cores is not None and i.worker_cores is not None and i.host_busy_cores is not None
+    cores = float(i.cpu_count or 1)
+    if weight is None:
+        return cores - max(0.0, i.host_busy_cores - i.main_cores - i.peer_cores - i.worker_cores)
+    k = min(cores, max(1.0, wanted))  # less than a CPU's worth still concentrates on one CPU
+    return k * cores / (cores + k * weight)
+
+
+def _speedup(
+    i: RemedyInputs, cause: Cause, workers: int, ceiling: float, cache: bool = False
+) -> tuple[float, Limit]:
+    """The largest speed-up (at most the ceiling) whose demands fit, with `workers` loader workers
+    (or the loader's cost gone: `cache`), and what binds there."""
+    assert i.main_cores is not None and i.worker_cores is not None and i.workers
+    weight = other_weight(i, cause)
+    today = i.workers
+    # a storage-bound worker keeps one read in flight: streams scale with workers, to the device's limit
+    io_cap = math.inf
+    if cause == Cause.IO and not cache:
+        io_cap = workers / today
+        if i.disk_busy_ratio is not None and i.disk_busy_ratio > 0.02:
+            io_cap = min(io_cap, 1.0 / i.disk_busy_ratio)
+    worker_cpu = 0.0 if cache and cause == Cause.CPU else i.worker_cores
+    main = i.main_cores + i.peer_cores  # the job's other ranks here step with it
+
+    def binding(s: float) -> Limit | None:
+        per_worker = worker_cpu * s / workers
+        if per_worker > 1.0:
+            return Limit.LOADER  # each worker is one process: a core at most
+        if s > io_cap + 1e-9:
+            return Limit.STORAGE if io_cap < workers / today - 1e-9 else Limit.LOADER
+        wanted = _cpus_wanted(i, cause, workers, worker_cpu, s)
+        if (main + worker_cpu) * s > job_cpu_cap(i, wanted, weight) + 1e-9:
+            return Limit.CPU
+        return None
+
+    if binding(ceiling) is None:
+        return ceiling, Limit.GPU
+    lo, hi = 0.0, ceiling
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if binding(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return lo, binding(hi) or Limit.CPU
+
+
+def predict(
+    state: State, cause: Cause | None, i: RemedyInputs | None, windows: int = MIN_WINDOWS
+) -> Advice | None:
+    """What a fix buys on a GPU in `state` (its cause) whose windows gave `i` (their median, over
+    `windows` windows). None for states with nothing to say (idle, stalled, underutilized ...)."""
+    if state == State.HEALTHY:
+        return fed()
+    if state != State.STARVED:
+        return None
+    if i is None or i.duty <= 0:
+        return cannot("no duty cycle in the window", cause, windows=windows)
+    ceiling = 1.0 / max(i.duty, 1e-3)
+    if ceiling < NO_GAIN:
+        return Advice(
+            Kind.PREDICTED, cause, ceiling, i.workers, why="the GPU is nearly the limit", windows=windows
+        )
+    if windows < MIN_WINDOWS:
+        return cannot(f"only {windows} window(s) of this episode so far", cause, ceiling, windows)
+    if cause not in (Cause.CPU, Cause.IO):
+        return cannot(
+            "neither a CPU of the job nor its storage is saturated: what it waits for is not on this "
+            "host's counters",
+            cause,
+            ceiling,
+            windows,
+        )
+    if i.coarse_blur:
+        return cannot(
+            "the driver samples the GPU once a second or less often and no sample reads idle: "
+            "sub-second steps blur into a steady duty, so input waits cannot be told from other idle time",
+            cause,
+            ceiling,
+            windows,
+        )
+    if not i.job_seen or i.main_cores is None or i.worker_cores is None or i.host_busy_cores is None:
+        return cannot(
+            "the job's processes are not visible to this host (another PID namespace?): "
+            "their CPU and their loader workers cannot be counted",
+            cause,
+            ceiling,
+            windows,
+        )
+    busiest = i.busiest_worker_cores or 0.0
+    if not i.workers or (cause == Cause.CPU and i.main_cores > busiest):
+        return cannot(
+            "the input work runs in the training process itself (threads, or inline), not in loader "
+            "worker processes: its CPU cannot be told from the training loop's, nor what more "
+            "processes would buy; move it to worker processes (DataLoader(num_workers), "
+            "PyDataset(workers, use_multiprocessing=True))",
+            cause,
+            ceiling,
+            windows,
+        )
+    cores = i.cpu_count or 1
+    more = min(MAX_MORE_WORKERS, max(2, cores)) if cause == Cause.CPU else MAX_MORE_WORKERS
+    candidates = []
+    for n in range(i.workers + 1, i.workers + more + 1):
+        s, limit = _speedup(i, cause, n, ceiling)
+        candidates.append(Candidate(f"workers+{n - i.workers}", n, s, limit))
+    top = max(c.speedup for c in candidates)
+    best = next((c for c in candidates if c.speedup >= NEAR_BEST * top), None)
+    if best is not None and best.speedup < NO_GAIN:
+        best = None
+    elif best is not None:
+        # what holds it back beyond the named change: the ceiling (within noise), or what binds one
+        # worker further
+        after = next((c for c in candidates if c.workers == (best.workers or 0) + 1), None)
+        limit = Limit.GPU if best.speedup >= NEAR_BEST * ceiling else after.limit if after else best.limit
+        best = Candidate(best.change, best.workers, best.speedup, limit)
+    s, limit = _speedup(i, cause, i.workers, ceiling, cache=True)
+    cache = Candidate("cache", None, s, limit)
+    if best is not None:
+        why = {
+            Limit.GPU: "the GPU",
+            Limit.CPU: "the host's CPUs",
+            Limit.STORAGE: "the storage device",
+            Limit.LOADER: "the loader",
+        }[best.limit]
+        why = f"beyond {best.workers} workers, {why} is the limit"
+    else:
+        why = _no_gain_why(i, cause, candidates[0].limit)
+    return Advice(Kind.PREDICTED, cause, ceiling, i.workers, tuple(candidates), best, cache, why, windows)
+
+
+def _no_gain_why(i: RemedyInputs, cause: Cause, limit: Limit) -> str:
+    cores = i.cpu_count or 1
+    busy = i.host_busy_cores or 0.0
+    job = (i.main_cores or 0.0) + (i.worker_cores or 0.0)
+    if limit == Limit.STORAGE:
+        return f"the storage device is {100 * (i.disk_busy_ratio or 0):.0f}% busy"
+    if limit == Limit.GPU:
+        return "the GPU is the limit"
+    return (
+        f"the host's CPUs are the limit ({busy:.1f} of {cores} cores busy, the job {job:.1f}, "
+        f"other processes {max(0.0, busy - job):.1f})"
+    )

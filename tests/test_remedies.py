@@ -1,0 +1,289 @@
+"""What a fix buys (gpumon/detect/remedies.py, advisor.py, stragglers.py): the model, table-wise,
+as the classifier is tested; the advisor on episodes; the straggler that moves."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from gpumon.detect.remedies import (
+    MIN_WINDOWS,
+    NO_GAIN,
+    Advice,
+    Kind,
+    Limit,
+    RemedyInputs,
+    median_inputs,
+    predict,
+)
+from gpumon.detect.stragglers import history, stragglers
+from gpumon.detect.vocabulary import Cause, State
+
+IDLE_8 = RemedyInputs(
+    duty=0.25,
+    job_seen=True,
+    coarse_blur=False,
+    cpu_count=8,
+    main_cores=0.3,
+    worker_cores=1.0,
+    busiest_worker_cores=1.0,
+    workers=1,
+    host_busy_cores=1.35,
+    disk_busy_ratio=0.01,
+    read_bytes_per_s=0.0,
+)
+"""One pinned loader worker on a quiet 8-core host, the GPU busy a quarter of the time."""
+
+
+def cpu(i: RemedyInputs, windows: int = 20) -> Advice:
+    advice = predict(State.STARVED, Cause.CPU, i, windows)
+    assert advice is not None
+    return advice
+
+
+def speedups(a: Advice) -> dict[int, float]:
+    return {c.workers: round(c.speedup, 2) for c in a.candidates if c.workers is not None}
+
+
+# (name, inputs, cause, expected: best workers (None: no gain), its speed-up, what binds beyond it)
+TABLE = [
+    (
+        "one pinned worker, quiet host: more workers reach the GPU's ceiling (1/duty = 4x)",
+        IDLE_8,
+        Cause.CPU,
+        (4, 4.0, Limit.GPU),
+    ),
+    (
+        "the same on 2 cores: the second worker and the main process fill them",
+        replace(IDLE_8, cpu_count=2),
+        Cause.CPU,
+        (2, 1.5, Limit.CPU),  # (0.3 + 1.0) * s <= 2 cores less the others' 0.05
+    ),
+    (
+        "2 cores, both taken by the job's 2 workers while another user's job takes its share: no gain",
+        replace(
+            IDLE_8,
+            cpu_count=2,
+            duty=0.3,
+            main_cores=0.2,
+            worker_cores=0.8,
+            busiest_worker_cores=0.4,
+            workers=2,
+            host_busy_cores=2.0,
+        ),
+        Cause.CPU,
+        None,
+    ),
+    (
+        "2 cores, one worker beside another user's CPU-bound job: a second worker spreads the job "
+        "over both CPUs and wins part of them",
+        replace(
+            IDLE_8,
+            cpu_count=2,
+            main_cores=0.1,
+            worker_cores=0.6,
+            busiest_worker_cores=0.6,
+            host_busy_cores=2.0,
+        ),
+        Cause.CPU,
+        (2, 1.4, Limit.CPU),
+    ),
+    (
+        "a storage-bound reader: streams scale until the disk is busy all the time (50% now: 2x)",
+        replace(
+            IDLE_8,
+            duty=0.15,
+            main_cores=0.15,
+            worker_cores=0.1,
+            busiest_worker_cores=0.1,
+            disk_busy_ratio=0.5,
+        ),
+        Cause.IO,
+        (2, 2.0, Limit.STORAGE),
+    ),
+    (
+        "a storage-bound reader on an idle disk: each more reader a stream more, up to the ceiling",
+        replace(
+            IDLE_8,
+            duty=0.3,
+            main_cores=0.15,
+            worker_cores=0.1,
+            busiest_worker_cores=0.1,
+            disk_busy_ratio=0.05,
+        ),
+        Cause.IO,
+        (4, 3.33, Limit.GPU),  # 3 readers: 3x, 4: 1/0.3 = 3.33x
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "inputs", "cause", "expected"), TABLE, ids=[t[0][:40] for t in TABLE])
+def test_what_a_fix_buys_table(name: str, inputs: RemedyInputs, cause: Cause, expected: tuple | None) -> None:
+    advice = predict(State.STARVED, cause, inputs, 20)
+    assert advice is not None and advice.kind == Kind.PREDICTED, name
+    ceiling = 1 / inputs.duty
+    assert advice.ceiling == pytest.approx(ceiling)
+    assert all(c.speedup <= ceiling + 1e-9 for c in advice.candidates)
+    if expected is None:
+        assert advice.best is None and advice.no_gain, (name, speedups(advice))
+        assert "gain nothing" in advice.line() and "CPUs are the limit" in advice.line()
+        return
+    workers, speedup, limit = expected
+    assert advice.best is not None, (name, speedups(advice))
+    assert advice.best.workers == workers, (name, speedups(advice))
+    assert advice.best.speedup == pytest.approx(speedup, abs=0.02), (name, speedups(advice))
+    assert advice.best.limit == limit, name
+    line = advice.line("DataLoader(num_workers)")
+    assert line.startswith(
+        f"raise DataLoader(num_workers) {inputs.workers} -> {workers}: about {speedup:.1f}x"
+    ), line
+
+
+def test_one_worker_more_on_a_quiet_host_buys_a_workers_worth() -> None:
+    assert speedups(cpu(IDLE_8))[2] == 2.0 and speedups(cpu(IDLE_8))[3] == 3.0
+
+
+def test_the_line_names_the_change_and_what_binds_beyond_it() -> None:
+    assert cpu(IDLE_8).line("DataLoader(num_workers)") == (
+        "raise DataLoader(num_workers) 1 -> 4: about 4.0x steps/s; beyond 4, the GPU is the limit; "
+        "caching decoded samples: about 4.0x"
+    )
+
+
+def test_a_fed_gpu_has_nothing_to_gain_on_the_input_side() -> None:
+    advice = predict(State.HEALTHY, None, IDLE_8, 20)
+    assert advice is not None and advice.kind == Kind.GPU_LIMIT and advice.no_gain
+    assert advice.ceiling is None and not advice.candidates
+    assert advice.line() == "nothing on the input side: the GPU is the limit"
+
+
+@pytest.mark.parametrize(
+    "state", [State.IDLE, State.STALLED, State.UNDERUTILIZED, State.SYNC_STALL, State.UNKNOWN]
+)
+def test_other_states_have_no_advice(state: State) -> None:
+    assert predict(state, None, IDLE_8, 20) is None
+
+
+CANNOT = [
+    ("host", Cause.HOST, IDLE_8, 20, "not on this host's counters"),
+    ("too few windows", Cause.CPU, IDLE_8, MIN_WINDOWS - 1, "window(s) of this episode so far"),
+    ("hidden processes", Cause.CPU, replace(IDLE_8, job_seen=False, main_cores=None), 20, "not visible"),
+    (
+        "loader in threads",
+        Cause.CPU,
+        replace(IDLE_8, workers=0, main_cores=1.0, worker_cores=0.0),
+        20,
+        "threads",
+    ),
+    (
+        "main pinned, not its workers",
+        Cause.CPU,
+        replace(IDLE_8, main_cores=1.0, busiest_worker_cores=0.3),
+        20,
+        "threads",
+    ),
+    ("steps blurred at 1 s", Cause.CPU, replace(IDLE_8, coarse_blur=True), 20, "blur"),
+]
+
+
+@pytest.mark.parametrize(("name", "cause", "inputs", "windows", "why"), CANNOT, ids=[c[0] for c in CANNOT])
+def test_signals_that_cannot_support_a_number_say_so_and_why(
+    name: str, cause: Cause, inputs: RemedyInputs, windows: int, why: str
+) -> None:
+    advice = predict(State.STARVED, cause, inputs, windows)
+    assert advice is not None and advice.kind == Kind.CANNOT, name
+    assert not advice.candidates and advice.best is None and advice.cache is None
+    assert why in advice.why
+    line = advice.line()
+    assert line.startswith("cannot predict what a fix buys (at most 4.0x with input for free): "), line
+    assert advice.ready == (windows >= MIN_WINDOWS)
+
+
+def test_a_gpu_nearly_fed_has_no_change_to_name() -> None:
+    advice = predict(State.STARVED, Cause.CPU, replace(IDLE_8, duty=0.93), 20)
+    assert advice is not None and advice.kind == Kind.PREDICTED and advice.no_gain and not advice.candidates
+
+
+def test_a_stragglers_peers_step_with_it_and_take_their_share_of_the_cores() -> None:
+    """The job's other ranks on the host wait for the straggler: as the job speeds up, so does
+    their CPU. Counting them, one worker more buys less on a small host than the straggler alone."""
+    alone = replace(IDLE_8, cpu_count=2, duty=0.2, main_cores=0.15, worker_cores=0.95, host_busy_cores=1.5)
+    with_peers = replace(alone, peer_cores=0.35)
+    assert speedups(cpu(with_peers))[2] < speedups(cpu(alone))[2]
+
+
+def test_predictions_stay_within_the_ceiling_and_the_named_change_gains() -> None:
+    """On random hosts and jobs: no candidate above 1/duty, none below nothing at all, and the
+    named change predicted to gain at least NO_GAIN."""
+    rng = random.Random(7)
+    for _ in range(300):
+        cores = rng.choice([2, 4, 8, 32])
+        workers = rng.randint(1, 6)
+        per = rng.uniform(0.3, 1.0)
+        main = rng.uniform(0.05, 1.0)
+        others = rng.uniform(0.0, cores)
+        i = RemedyInputs(
+            duty=rng.uniform(0.05, 0.79),
+            job_seen=True,
+            coarse_blur=False,
+            cpu_count=cores,
+            main_cores=main,
+            worker_cores=per * workers,
+            busiest_worker_cores=per,
+            workers=workers,
+            host_busy_cores=min(float(cores), main + per * workers + others),
+            disk_busy_ratio=rng.choice([None, rng.uniform(0.0, 1.0)]),
+            read_bytes_per_s=1e7,
+        )
+        for cause in (Cause.CPU, Cause.IO):
+            advice = predict(State.STARVED, cause, i, 20)
+            assert advice is not None and advice.ceiling is not None
+            for c in advice.candidates:
+                assert 0 < c.speedup <= advice.ceiling + 1e-9
+            if advice.best is not None:
+                assert advice.best.speedup >= NO_GAIN
+
+
+def test_an_episodes_inputs_are_medians_so_one_odd_window_does_not_move_them() -> None:
+    odd = replace(IDLE_8, worker_cores=1.76, workers=2)  # a worker found late: its life in one tick
+    merged = median_inputs([IDLE_8] * 6 + [odd])
+    assert merged.worker_cores == 1.0 and merged.workers == 1
+    hidden = median_inputs([replace(IDLE_8, main_cores=None, job_seen=False)] * 4 + [IDLE_8])
+    assert hidden.main_cores is None and not hidden.job_seen
+
+
+# -- data-parallel: the straggler -------------------------------------------------------------------
+
+
+def test_a_straggler_is_the_starved_gpu_the_others_wait_for() -> None:
+    assert stragglers({0: "sync-stall", 1: "starved-cpu", 2: "sync-stall"}) == [1]
+    assert stragglers({0: "starved-io", 1: "starved-io"}) == []  # all starved: nobody waits
+    assert stragglers({0: "healthy", 1: "starved-cpu", 2: "healthy"}) == []  # a GPU starved alone
+
+
+def test_a_straggler_that_moves_between_ranks_is_data_loading_one_that_stays_is_its_rank() -> None:
+    moving = history(
+        {
+            0: [(0, 30, "sync-stall"), (30, 60, "starved-cpu"), (60, 90, "sync-stall")],
+            1: [(0, 30, "starved-cpu"), (30, 60, "sync-stall"), (60, 90, "starved-cpu")],
+        }
+    )
+    assert moving.moving and moving.ranks == [1, 0] and moving.seconds == {1: 60, 0: 30}
+    assert "data loading, not a slow GPU" in (moving.diagnosis() or "")
+    fixed = history(
+        {
+            0: [(0, 90, "sync-stall")],
+            1: [(0, 40, "starved-cpu"), (40, 45, "healthy"), (45, 90, "starved-cpu")],
+        }
+    )
+    assert not fixed.moving and fixed.ranks == [1]
+    assert "stays GPU 1" in (fixed.diagnosis() or "")
+    blip = history(
+        {
+            0: [(0, 85, "sync-stall"), (85, 90, "starved-io")],
+            1: [(0, 85, "starved-cpu"), (85, 90, "sync-stall")],
+        }
+    )
+    assert not blip.moving and blip.ranks == [1]  # 5 s of the other is a change of episodes, not a move
