@@ -24,6 +24,7 @@ from gpumon.core.clock import VirtualClock
 from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
+from gpumon.detect.remedies import WORKERS_KNOB, Advice, fed
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import main_label
@@ -69,6 +70,24 @@ class GpuReport:
     """job id -> user, for every job seen on the GPU in the trace."""
     mig: int | None = None
     """A MIG instance's GPU instance id (`index` is its parent's)."""
+    advice: dict[float, Advice | None] = field(default_factory=dict)
+    """What a fix buys, per episode (by its start; detect/advisor.py)."""
+
+    def advice_for(self, e: Episode) -> Advice | None:
+        """An episode's advice (one a range cut at its start is found by where it began)."""
+        if e.start_s in self.advice:
+            return self.advice[e.start_s]
+        earlier = [t for t in self.advice if t <= e.start_s]
+        return self.advice[max(earlier)] if earlier and e.state == "starved" else None
+
+    @property
+    def fix(self) -> Advice | None:
+        """What a fix buys for the GPU's worst starved episode; for a GPU that was only ever fed,
+        nothing on the input side."""
+        starved = [e for e in self.episodes if e.state == "starved"]
+        if starved:
+            return self.advice_for(max(starved, key=lambda e: e.wasted_gpu_s))
+        return fed() if self.main_label == "healthy" else None
 
     @property
     def observed_s(self) -> float:
@@ -368,6 +387,7 @@ def _run(
         rep = reports.get(key)
         if rep is None:
             continue
+        rep.advice = pipeline.detector.advisor.episodes(key)
         rep.episodes = det.close(end[0])
         rep.wasted_gpu_s = det.wasted_gpu_s
         if report_from_s is not None:  # what the pre-roll read is not reported
@@ -487,9 +507,23 @@ def render_text(a: Analysis) -> str:
             lines.append(f"           evidence: {_fmt_evidence(worst.worst)}")
         if g.suggestion:
             lines.append(f"  suggest: {g.suggestion}")
+        fix = g.fix
+        if fix is not None:
+            lines += fix_lines(fix)
     for w in a.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def fix_lines(fix: Advice) -> list[str]:
+    """What a fix buys, as `analyze` shows it: the change to make and its predicted speed-up, then
+    every candidate and the ceiling."""
+    lines = [f"  fix buys: {fix.line(WORKERS_KNOB)}"]
+    if fix.candidates:
+        shown = ", ".join(f"-> {c.workers}: {c.speedup:.1f}x" for c in fix.candidates[:4])
+        ceiling = f"; ceiling {fix.ceiling:.1f}x (input for free)" if fix.ceiling is not None else ""
+        lines.append(f"           workers {fix.workers} {shown}{ceiling}; median of {fix.windows} windows")
+    return lines
 
 
 def _span_text(seconds: float) -> str:
@@ -501,7 +535,7 @@ def _span_text(seconds: float) -> str:
 
 
 def to_json(a: Analysis) -> dict[str, Any]:
-    def episode(e: Episode) -> dict[str, Any]:
+    def episode(g: GpuReport, e: Episode) -> dict[str, Any]:
         start_unix = a.unix(e.start_s)
         end_unix = a.unix(e.end_s) if e.end_s is not None else None
         return {
@@ -518,7 +552,11 @@ def to_json(a: Analysis) -> dict[str, Any]:
             "reason": e.reason,
             "worst_evidence": e.worst,
             "causes": [{"from_s": t, "cause": c} for t, c in e.causes],
+            "advice": advice(g.advice_for(e)),
         }
+
+    def advice(x: Advice | None) -> dict[str, Any] | None:
+        return None if x is None else x.as_dict()
 
     sp = a.span
     return {
@@ -553,7 +591,8 @@ def to_json(a: Analysis) -> dict[str, Any]:
                 "wasted_gpu_s": round(g.wasted_gpu_s, 3),
                 "wasted_gpu_s_by_job": g.wasted_by_job,
                 "suggestion": g.suggestion,
-                "episodes": [episode(e) for e in g.episodes],
+                "advice": advice(g.fix),
+                "episodes": [episode(g, e) for e in g.episodes],
                 "verdicts": [
                     {
                         "t_s": v.t_s,

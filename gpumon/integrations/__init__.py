@@ -55,6 +55,22 @@ ADVICE = {
 }
 
 
+KNOBS = {"torch": "DataLoader(num_workers)", "keras": "PyDataset(workers)"}
+"""The setting a change of loader workers is, per framework (the daemon's advice says "loader
+workers")."""
+
+
+def fix_line(advice: Any, framework: str | None) -> str | None:
+    """What a fix buys, from the state API's `advice` (docs/detector.md), in the framework's words;
+    None while the daemon is still gathering the episode's windows, or for a fed GPU."""
+    if not isinstance(advice, dict) or not advice.get("ready") or advice.get("kind") == "gpu-limit":
+        return None
+    line = advice.get("line")
+    if not isinstance(line, str) or not line:
+        return None
+    return line.replace("loader workers", KNOBS.get(framework or "", "loader workers"))
+
+
 def advice(label: str, framework: str | None) -> str:
     cause = label.split("-", 1)[1] if label.startswith("starved-") else label
     return ADVICE.get((cause, framework)) or ADVICE.get((cause, None)) or ""
@@ -124,6 +140,8 @@ class Watch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported: set[tuple[str, float]] = set()
+        self._advised: set[tuple[str, float]] = set()
+        """Episodes whose fix line (what a fix buys) has been said."""
         self._first: dict[str, dict[str, Any]] = {}
         self._last: dict[str, dict[str, Any]] = {}
         self._reachable: bool | None = None
@@ -226,12 +244,21 @@ class Watch:
                 (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
             )
             start = float(current["start_unix_s"]) if current else now - float(g.get("since_s") or 0)
-            if (key, round(start, 1)) in self._reported:
+            episode = (key, round(start, 1))
+            fix = fix_line(g.get("advice"), self.framework) if label.startswith("starved") else None
+            if episode in self._reported:
+                if fix is not None and episode not in self._advised:  # the prediction came later
+                    self._advised.add(episode)
+                    self._say(f"gpumon: GPU {g['index']}: what a fix buys: {fix}")
                 continue
             if start < self._started_unix - 2 and now - self._started_unix < SETTLE_S:
                 continue  # an episode of the GPU's previous job, until the detector has seen ours
-            self._reported.add((key, round(start, 1)))
-            self._say(self._episode_line(g, label, now - max(start, self._started_unix)))
+            self._reported.add(episode)
+            line = self._episode_line(g, label, now - max(start, self._started_unix))
+            if fix is not None:
+                self._advised.add(episode)
+                line += f"; what a fix buys: {fix}"
+            self._say(line)
 
     def _episode_line(self, g: dict[str, Any], label: str, for_s: float) -> str:
         ev = g.get("evidence") or {}
@@ -282,4 +309,4 @@ def watch(**kw: Any) -> Watch:
     return Watch(**kw).start()
 
 
-__all__ = ["Watch", "advice", "process_tree", "watch"]
+__all__ = ["Watch", "advice", "fix_line", "process_tree", "watch"]

@@ -29,6 +29,7 @@ from gpumon.config.sources import attribution_spec, source_spec
 from gpumon.core.clock import Clock, MonotonicClock
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
+from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
 from gpumon.serve import (
     health,
@@ -156,11 +157,18 @@ class Daemon:
             unix_offset_s=self._unix_offset(),
             hostname=self._hostname,
             recorder=self.recorder.stats() if self.recorder is not None else None,
+            advice=self._advice(tick.t_s),
         )
         if self.nvml_trouble(tick.t_s)[0] != "stale":
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
+
+    def _advice(self, t_s: float) -> dict[tuple[int, str], Advice]:
+        """What a fix buys on each GPU that has something to say (starved, or fed)."""
+        advisor = self.detector.advisor
+        found = ((key, advisor.current(key, t_s)) for key in self.detector.fleet.gpus)
+        return {key: a for key, a in found if a is not None}
 
     def _recent_episodes(self, key: tuple[int, str], det: StarvationDetector) -> tuple[Episode, ...]:
         """The last RECENT_EPISODES closed ones (copied only when one closed) and the open one."""

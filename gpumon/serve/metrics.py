@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpumon import __version__
 from gpumon.core.model import GpuSample, JobRef, clock_reasons
+from gpumon.detect.remedies import Advice, Kind
 from gpumon.detect.vocabulary import STARVATION_CAUSES, State
 from gpumon.serve.snapshot import Snapshot
 
@@ -171,9 +172,22 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
     last_xid_t = _gauge(
         "gpumon_gpu_last_xid_timestamp_seconds", "When the last XID error was seen (Unix time)."
     )
+    ceiling = _gauge(
+        "gpumon_gpu_input_speedup_ceiling",
+        "A starved GPU: how many times today's steps per second it could run with its input for "
+        "free (1 / duty cycle); only while starved (docs/detector.md, what a fix buys).",
+    )
+    predicted = _gauge(
+        "gpumon_gpu_predicted_speedup",
+        "A starved GPU: the steps per second a change on the input side is predicted to bring, "
+        "against today's (change: workers+1, recommended (the smallest change of loader workers "
+        "reaching the most; 1 when more gain nothing), cache); only where the signals support a number.",
+        ["change"],
+    )
     for g in s.tick.gpus:
         lv = [str(g.index), g.uuid, "" if g.mig is None else str(g.mig)]
         info.add_metric([*lv, g.name], 1)
+        _advice_metrics(s.advice.get((g.index, g.uuid)), lv, ceiling, predicted)
         for j in g.jobs:
             jobs.add_metric([*lv, *job_label_values(j)], 1)
         if g.unattributed is not None:
@@ -255,12 +269,31 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         wasted,
         episodes,
     )
+    yield from (f for f in (ceiling, predicted) if f.samples)
     yield from (fam for _, fam in gpm_fams if fam.samples)
     yield from (f for f in (fp, pcie, nvlink, clock_now, clock_s, xid, last_xid, last_xid_t) if f.samples)
     if jobs.samples:
         yield jobs
     if unattributed.samples:
         yield unattributed
+
+
+def _advice_metrics(
+    a: Advice | None, lv: list[str], ceiling: GaugeMetricFamily, predicted: GaugeMetricFamily
+) -> None:
+    """What a fix buys: series only for a starved GPU (a fed one has nothing to gain on the input
+    side), at most 3 per GPU."""
+    if a is None or a.ceiling is None:
+        return
+    ceiling.add_metric(lv, round(a.ceiling, 4))
+    if a.kind != Kind.PREDICTED:
+        return  # cannot predict: the ceiling alone
+    step = next((c for c in a.candidates if c.change == "workers+1"), None)
+    if step is not None:
+        predicted.add_metric([*lv, "workers+1"], round(step.speedup, 4))
+    predicted.add_metric([*lv, "recommended"], round(a.best.speedup if a.best is not None else 1.0, 4))
+    if a.cache is not None:
+        predicted.add_metric([*lv, "cache"], round(a.cache.speedup, 4))
 
 
 def _hopper_metrics(

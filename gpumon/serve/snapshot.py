@@ -9,6 +9,7 @@ from typing import Any
 from gpumon.collect.pipeline.spec import SourceDescription
 from gpumon.collect.sampler import SourceStats
 from gpumon.core.model import Tick, clock_reasons
+from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import Cause, State
 from gpumon.trace.recorder import RecorderStats
@@ -49,6 +50,8 @@ class Snapshot:
     hostname: str = ""
     recorder: RecorderStats | None = None
     """The flight recorder's state, when it runs."""
+    advice: dict[tuple[int, str], Advice] = field(default_factory=dict)
+    """What a fix buys, per GPU with something to say (starved, or fed: detect/advisor.py)."""
 
     def verdict_for(self, index: int, uuid: str) -> Verdict | None:
         for v in self.verdicts:
@@ -99,6 +102,7 @@ def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
                 if c
                 else {},
                 "episodes": [_episode_json(e, s.unix_offset_s) for e in c.episodes] if c else [],
+                "advice": _advice_json(s.advice.get((g.index, g.uuid))),
                 "jobs": [job_to_dict(j) for j in g.jobs],
                 "unattributed": g.unattributed,
                 "mig": g.mig,
@@ -173,3 +177,7 @@ def _episode_json(e: Episode, offset: float) -> dict[str, Any]:
         "reason": e.reason,
         "causes": [{"from_unix_s": round(t + offset, 3), "cause": c} for t, c in e.causes],
     }
+
+
+def _advice_json(a: Advice | None) -> dict[str, Any] | None:
+    return None if a is None else a.as_dict()
