@@ -112,9 +112,8 @@ def test_the_hook_adds_what_a_fix_buys_once_the_daemon_can_say(stub: Stub) -> No
     early = {**gpu(0, "starved-cpu", [me], t0 + 5), "advice": advice_dict(ready=False)}
     stub.state = {"time_unix_s": t0 + 10, "gpus": [early]}
     w._poll()
-    assert lines == [
-        "gpumon: GPU 0 starved (cpu) for 5 s, 62% idle: raise DataLoader(num_workers) or cache decoded samples"
-    ]
+    tip = "raise DataLoader(num_workers) or cache decoded samples"
+    assert lines == [f"gpumon: GPU 0 starved (cpu) for 5 s, 62% idle: {tip}"]
     stub.state = {"time_unix_s": t0 + 25, "gpus": [{**early, "advice": advice_dict(ready=True)}]}
     w._poll()
     w._poll()
@@ -128,6 +127,7 @@ def test_the_hook_adds_what_a_fix_buys_once_the_daemon_can_say(stub: Stub) -> No
     keras = Watch(stub.url, framework="keras", log=lines.append)
     keras._poll()
     assert lines[-1].endswith(
-        "; what a fix buys: raise PyDataset(workers) 1 -> 3: about 2.4x steps/s; beyond 3, the GPU is the limit"
+        "; what a fix buys: raise PyDataset(workers) 1 -> 3: about 2.4x steps/s; beyond 3, the GPU is "
+        "the limit"
     )
     assert len(lines) == 3
