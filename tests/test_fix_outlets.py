@@ -131,3 +131,52 @@ def test_the_hook_adds_what_a_fix_buys_once_the_daemon_can_say(stub: Stub) -> No
         "the limit"
     )
     assert len(lines) == 3
+
+
+def node_state(t0: float, ranks: list[list[tuple[float, float | None, str]]], advice: dict | None) -> dict:
+    """A daemon's state with one GPU per rank of Slurm job 7, each with its episodes; the last
+    rank's GPU carries `advice`."""
+    gpus = []
+    for index, episodes in enumerate(ranks):
+        gpus.append(
+            {
+                **gpu(index, episodes[-1][2], [100 + index], t0),
+                "jobs": [{"scheduler": "slurm", "job_id": "7", "user": "alice", "started_unix_s": t0}],
+                "episodes": [
+                    {"label": lb, "start_unix_s": t0 + a, "end_unix_s": None if b is None else t0 + b}
+                    for a, b, lb in episodes
+                ],
+                "advice": advice if index == len(ranks) - 1 else None,
+            }
+        )
+    return {"ready": True, "hostname": "node1", "time_unix_s": t0 + 120, "gpus": gpus}
+
+
+def test_report_says_the_stragglers_fix_is_the_jobs_and_a_moving_straggler_is_data_loading(
+    stub: Stub,  # noqa: F811
+) -> None:
+    from gpumon.analyze.job_report import from_daemons, render, to_json
+
+    t0 = time.time() - 120
+    best = Candidate("workers+1", 2, 1.7, Limit.CPU)
+    advice = Advice(Kind.PREDICTED, Cause.CPU, 5.0, 1, (best,), best, windows=30).as_dict()
+    stub.state = node_state(t0, [[(0, None, "sync-stall")], [(0, None, "starved-cpu")]], advice)
+    rep = from_daemons("7", [stub.url], None, None)
+    text = render(rep)
+    assert (
+        "job fix: the whole job waits for node1 GPU 1: its fix is the job's: raise loader workers 1 -> 2: "
+        "about 1.7x steps/s" in text
+    ), text
+    assert "moves between ranks" not in text
+    assert "  fix buys: raise loader workers 1 -> 2" in text
+    assert to_json(rep)["gpus"][1]["advice"]["best"]["workers"] == 2
+    # the straggler moves from rank to rank between episodes: SPDL's rule
+    moving = [
+        [(0, 40, "sync-stall"), (40, 80, "starved-cpu"), (80, None, "sync-stall")],
+        [(0, 40, "starved-cpu"), (40, 80, "sync-stall"), (80, None, "starved-cpu")],
+    ]
+    stub.state = node_state(t0, moving, advice)
+    fix = to_json(from_daemons("7", [stub.url], None, None))["fix"]
+    assert any(
+        "the straggler moves between ranks (node1 GPU 1, node1 GPU 0): data loading" in ln for ln in fix
+    ), fix

@@ -20,11 +20,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.analyze.job_fix import gpu_fix_line, job_fix_lines, straggler_history
 from gpumon.analyze.trace_report import SUGGESTIONS
 from gpumon.core.errors import EXIT_UNREACHABLE, GpumonError
+from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.vocabulary import main_label
 
 SUGGESTIONS_STRAGGLER = (
@@ -50,6 +53,8 @@ class GpuJobReport:
     wasted_gpu_s: float = 0.0
     episodes: list[dict[str, Any]] = field(default_factory=list)
     now: str | None = None
+    advice: dict[str, Any] | None = None
+    """What a fix buys on this GPU now (the state API's `advice`; docs/detector.md)."""
 
     @property
     def main_label(self) -> str:
@@ -66,6 +71,10 @@ class JobReport:
     until_unix_s: float | None
     gpus: list[GpuJobReport]
     stragglers: list[tuple[GpuJobReport, str]] = field(default_factory=list)
+    now_unix_s: float | None = None
+    """When the daemons were asked (an episode going on ends there)."""
+    history: StragglerHistory[Hashable] | None = None
+    """Who straggled when, where the report has a timeline rather than episodes (Prometheus)."""
 
     @property
     def wasted_gpu_s(self) -> float:
@@ -116,6 +125,7 @@ def render(rep: JobReport) -> str:
         + (f" (user {rep.user})" if rep.user else "")
         + f" on {len(rep.gpus)} GPU(s) across {len(nodes)} node(s){span} (from {rep.source})",
         f"job verdict: {verdict_line(rep)}",
+        *fix_lines(rep),
         f"wasted: {rep.wasted_gpu_s / 3600:.3f} GPU-hours ({rep.wasted_gpu_s:.0f} GPU-s)",
     ]
     straggling = {(g.node, g.index) for g, _ in rep.stragglers}
@@ -147,7 +157,17 @@ def render(rep: JobReport) -> str:
         )
         if suggestion:
             lines.append(f"  suggest: {suggestion}")
+        fix = gpu_fix_line(g)
+        if fix:
+            lines.append(fix)
     return "\n".join(lines)
+
+
+def fix_lines(rep: JobReport) -> list[str]:
+    """What fixing the job buys it: its straggler's fix (a data-parallel job steps at its slowest
+    rank), and SPDL's rule on a straggler that moves between ranks."""
+    moving = rep.history or straggler_history(rep.gpus, rep.now_unix_s or time.time())
+    return job_fix_lines(rep.gpus, [g for g, _ in rep.stragglers], moving)
 
 
 def to_json(rep: JobReport) -> dict[str, Any]:
@@ -162,6 +182,7 @@ def to_json(rep: JobReport) -> dict[str, Any]:
         "verdict": verdict_line(rep),
         "wasted_gpu_s": round(rep.wasted_gpu_s, 3),
         "stragglers": [{"node": g.node, "gpu": g.index, "label": label} for g, label in rep.stragglers],
+        "fix": fix_lines(rep),
         "gpus": [
             {
                 "node": g.node,
@@ -172,6 +193,7 @@ def to_json(rep: JobReport) -> dict[str, Any]:
                 "seconds_in_state": {k: round(v, 3) for k, v in g.seconds_by_label.items() if v > 0},
                 "wasted_gpu_s": round(g.wasted_gpu_s, 3),
                 "episodes": g.episodes,
+                "advice": g.advice,
             }
             for g in rep.gpus
         ],
@@ -206,6 +228,7 @@ def from_daemons(job_id: str, urls: list[str], since: float | None, until: float
             user = user or mine[0].get("user")
             scheduler = mine[0].get("scheduler", scheduler)
             gr = GpuJobReport(node, int(g["index"]), str(g.get("uuid", "")), now=g.get("label"))
+            gr.advice = g.get("advice") if isinstance(g.get("advice"), dict) else None
             began = mine[0].get("started_unix_s")  # when the prolog ran: earlier episodes were others'
             lo = (
                 since
@@ -226,6 +249,7 @@ def from_daemons(job_id: str, urls: list[str], since: float | None, until: float
     if not gpus:
         raise ReportError(f"job {job_id}: no GPU of it is known to {', '.join(urls)}")
     rep = JobReport(job_id, user, scheduler, ", ".join(urls), since, until, gpus)
+    rep.now_unix_s = now_unix
     _mark_stragglers(rep)
     return rep
 
@@ -286,6 +310,7 @@ def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobRe
         for t, _ in series["values"]:
             cause_at[(float(t), key)] = m.get("cause", "")
     straggling: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    spans: dict[Hashable, list[tuple[float, float, str]]] = defaultdict(list)
     for t, labels in sorted(timeline.items()):
         full = {
             k: (f"{v}-{cause_at[(t, k)]}" if v == "starved" and (t, k) in cause_at else v)
@@ -296,6 +321,8 @@ def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobRe
             gpus[k].now = v
         for k, v in find_stragglers(full):
             straggling[k][v] += STEP_S
+        for k, v in full.items():  # each step a stretch of the GPU's timeline: who straggled when
+            spans[f"{k[0]} GPU {k[1]}"].append((t, t + STEP_S, v))
     window = max(STEP_S, until - since)
     wasted = _prom(
         base,
@@ -311,6 +338,7 @@ def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobRe
         if key in gpus and series["values"]:
             gpus[key].wasted_gpu_s = float(series["values"][-1][1])
     rep = JobReport(job_id, user, scheduler, f"Prometheus {base}", since, until, list(gpus.values()))
+    rep.history = history(spans)
     # a straggler is one for a good part of the range, not for one unlucky step
     total = window
     rep.stragglers = [

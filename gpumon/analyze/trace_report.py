@@ -25,6 +25,7 @@ from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
 from gpumon.detect.remedies import WORKERS_KNOB, Advice, fed
+from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import main_label
@@ -466,6 +467,7 @@ def render_text(a: Analysis) -> str:
         f"fleet: {len(starved)} of {len(a.gpus)} GPU(s) mostly starved; "
         f"{a.wasted_gpu_s / 3600:.3f} GPU-hours wasted ({a.wasted_gpu_s:.0f} GPU-s)"
     )
+    lines += straggler_lines(a)
     unit = "" if a.span is not None else " s"
     for g in a.gpus:
         total = g.observed_s or 1.0
@@ -513,6 +515,36 @@ def render_text(a: Analysis) -> str:
     for w in a.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def stragglers_of(a: Analysis) -> StragglerHistory[int]:
+    """Which GPU the others waited for in sync-stall, when, from the GPUs' episodes."""
+    return history(
+        {
+            g.index: [(e.start_s, e.end_s if e.end_s is not None else a.end_s, e.label) for e in g.episodes]
+            for g in a.gpus
+            if g.mig is None
+        }
+    )
+
+
+def straggler_lines(a: Analysis) -> list[str]:
+    """A data-parallel job's straggler: the GPU the others wait for, and what fixing it buys the
+    whole job (it steps at its slowest rank); SPDL's rule when it moves."""
+    h = stragglers_of(a)
+    lines = []
+    for k in h.ranks:
+        g = next(r for r in a.gpus if r.index == k and r.mig is None)
+        lines.append(
+            f"straggler: GPU {k}, starved while the others waited in sync-stall ({h.seconds[k]:.0f} s)"
+        )
+        fix = g.fix
+        if fix is not None and not h.moving:
+            lines.append(f"  its fix is the whole job's: {fix.line(WORKERS_KNOB)}")
+    said = h.diagnosis() if h.moving else None
+    if said:
+        lines.append(said)
+    return lines
 
 
 def fix_lines(fix: Advice) -> list[str]:
@@ -578,6 +610,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         },
         "thresholds": {k: getattr(a.thresholds, k) for k in a.thresholds.__slots__},
         "wasted_gpu_s": round(a.wasted_gpu_s, 3),
+        "stragglers": _stragglers_json(a),
         "gpus": [
             {
                 "index": g.index,
@@ -610,4 +643,14 @@ def to_json(a: Analysis) -> dict[str, Any]:
             for g in a.gpus
         ],
         "warnings": a.warnings,
+    }
+
+
+def _stragglers_json(a: Analysis) -> dict[str, Any]:
+    h = stragglers_of(a)
+    return {
+        "gpus": h.ranks,
+        "seconds": {str(k): round(h.seconds[k], 3) for k in h.ranks},
+        "moving": h.moving,
+        "diagnosis": h.diagnosis(),
     }

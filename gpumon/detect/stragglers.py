@@ -59,7 +59,7 @@ class StragglerHistory(Generic[K]):
         ranks = self.ranks
         if not ranks:
             return None
-        listed = ", ".join(f"{name} {k}" for k in ranks)
+        listed = ", ".join(f"{name} {k}" if name else str(k) for k in ranks)
         if self.moving:
             return (
                 f"the straggler moves between ranks ({listed}): data loading, not a slow GPU (SPDL's "
