@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.analyze.trace_report import Analysis, analyze
+from gpumon.analyze.trace_report import Analysis, analyze, render_text
 from gpumon.analyze.truth import compare_truth
 
 from .conftest import ROOT, free_port, start_serve
@@ -94,6 +95,27 @@ def test_a_job_that_starves_mid_run_is_flagged_from_the_change(
     assert not any(v.state == "starved" for v in gpu.verdicts if v.t_s < switch)
     episode = next(e for e in gpu.episodes if e.state == "starved")
     assert episode.cause == "cpu", episode.causes
+
+
+def test_analyze_names_what_a_fix_buys_and_its_ceiling_is_the_jobs_own(
+    fed_then_starved: tuple[Analysis, Path, float],
+) -> None:
+    """Issue 26: on a real job starved by one pinned loader worker, analyze names the change to
+    make and its predicted speed-up, and the ceiling it rests on (1 / duty: steps per second with
+    input for free) is the one the job measured (1 / its compute share of step time). Whether the
+    predicted speed-up comes true takes a second run: benchmarks/advice.py (docs/benchmarks.md)."""
+    result, truth, _ = fed_then_starved
+    (gpu,) = result.gpus
+    fix = gpu.fix
+    assert fix is not None and fix.kind == "predicted", fix
+    assert fix.workers == 1 and fix.candidates and fix.candidates[0].workers == 2
+    line = next(ln for ln in render_text(result).splitlines() if ln.startswith("  fix buys: "))
+    assert re.match(
+        r"  fix buys: (raise loader workers .* 1 -> \d+: about \d+\.\dx steps/s|more loader)", line
+    ), line
+    starved = [w for w in truth_windows(truth) if w["pipeline"] == "starved-cpu" and w["band"] == "highly"]
+    busy = statistics.median(1 - float(w["input_share"]) for w in starved)  # type: ignore[arg-type]
+    assert fix.ceiling is not None and abs(fix.ceiling * busy - 1) <= 0.25, (fix.ceiling, 1 / busy)
 
 
 def test_demo_flags_the_starved_phase_and_not_the_fed_one(tmp_path: Path) -> None:
