@@ -287,3 +287,77 @@ def test_a_straggler_that_moves_between_ranks_is_data_loading_one_that_stays_is_
         }
     )
     assert not blip.moving and blip.ranks == [1]  # 5 s of the other is a change of episodes, not a move
+
+
+# -- the advisor: an episode's steady windows, its teardown, a straggler's peers -------------------
+
+from gpumon.detect.advisor import Advisor  # noqa: E402
+from gpumon.detect.classify import Classification  # noqa: E402
+from gpumon.detect.evidence import Evidence  # noqa: E402
+from gpumon.detect.tracker import Verdict  # noqa: E402
+
+from .test_detector import ev  # noqa: E402
+
+STARVED_EV = ev(
+    duty_cycle=0.25,
+    main_cpu_cores=0.3,
+    job_cpu_cores=1.3,
+    busiest_child_cpu_cores=1.0,
+    loader_workers=1,
+    host_cpu_ratio=1.35 / 8,
+    cpu_count=8,
+    gap_share=0.5,
+)
+"""IDLE_8 as a window's evidence."""
+
+
+def verdict(t: float, e: Evidence, label: str = "starved-cpu", since: float = 0.0, index: int = 0) -> Verdict:
+    state, _, cause = label.partition("-")
+    st, c = (
+        State(state if state != "sync" else "sync-stall"),
+        (Cause(cause) if cause and state != "sync" else None),
+    )
+    raw = Classification(st, c, 1.0, "")
+    return Verdict(t, index, f"GPU-{index}", "", st, c, 1.0, since, "", e, raw, 0.0)
+
+
+def test_the_advisor_reads_an_episodes_steady_windows_not_its_onset_or_teardown() -> None:
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    for t in range(0, 30):
+        e = STARVED_EV
+        if t < 8:
+            e = ev(duty_cycle=0.6, loader_workers=0, job_cpu_cores=0.3)  # the onset: still fed, no workers
+        if t >= 17:  # a long teardown: most of the windows since the onset, but its last window's worth
+            e = replace(
+                STARVED_EV, loader_workers=0, job_cpu_cores=0.3, busiest_child_cpu_cores=0.0
+            )  # teardown
+        advisor.feed([verdict(float(t), e)])
+        if t == 10:
+            early = advisor.current(key, float(t))
+            assert early is not None and early.kind == Kind.CANNOT and not early.ready
+    advice = advisor.current(key, 30.0)
+    assert advice is not None and advice.kind == Kind.PREDICTED, advice
+    assert advice.best is not None and advice.best.workers == 4 and advice.windows >= MIN_WINDOWS
+    advisor.feed([verdict(31.0, ev(duty_cycle=0.95), "healthy", since=31.0)])
+    episodes = advisor.episodes(key)
+    assert episodes[0.0] is not None and episodes[0.0].best is not None and episodes[0.0].best.workers == 4
+    assert episodes[31.0] is not None and episodes[31.0].kind == Kind.GPU_LIMIT
+
+
+def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
+    small = replace(STARVED_EV, cpu_count=2, host_cpu_ratio=0.9, duty_cycle=0.2)
+    peer = ev(duty_cycle=0.97, power_ratio=0.15, job_cpu_cores=0.4, main_cpu_cores=0.3)
+
+    def advice(with_peer: bool) -> Advice:
+        advisor = Advisor()
+        for t in range(20):
+            tick = [verdict(float(t), small, index=1)]
+            if with_peer:
+                tick.insert(0, verdict(float(t), peer, "sync-stall", index=0))
+            advisor.feed(tick)
+        found = advisor.current((1, "GPU-1"), 20.0)
+        assert found is not None and found.kind == Kind.PREDICTED
+        return found
+
+    assert speedups(advice(True))[2] < speedups(advice(False))[2]
