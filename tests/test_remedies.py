@@ -77,18 +77,70 @@ TABLE = [
         None,
     ),
     (
-        "2 cores, one worker beside another user's CPU-bound job: a second worker spreads the job "
-        "over both CPUs and wins part of them",
+        "2 cores, one worker beside two other users' CPU-bound jobs (each its own group): the job "
+        "has its third of the machine already: no gain",
+        replace(
+            IDLE_8,
+            cpu_count=2,
+            main_cores=0.15,
+            worker_cores=0.52,
+            busiest_worker_cores=0.52,
+            host_busy_cores=2.0,
+        ),
+        Cause.CPU,
+        None,
+    ),
+    (
+        "2 cores shared with one other user's group: the job's fair half would be 1 core, but its 2 "
+        "workers already spread it over both CPUs: a third wins nothing",
         replace(
             IDLE_8,
             cpu_count=2,
             main_cores=0.1,
-            worker_cores=0.6,
-            busiest_worker_cores=0.6,
+            worker_cores=0.75,
+            busiest_worker_cores=0.38,
+            workers=2,
             host_busy_cores=2.0,
         ),
         Cause.CPU,
-        (2, 1.4, Limit.CPU),
+        None,
+    ),
+    (
+        "2 cores filled by the job's 2 workers beside a light neighbour (0.15 cores, well under the "
+        "job's: it has what it wants and keeps it): the job has the rest already: no gain",
+        replace(
+            IDLE_8,
+            cpu_count=2,
+            main_cores=0.2,
+            worker_cores=1.65,
+            busiest_worker_cores=0.83,
+            workers=2,
+            host_busy_cores=2.0,
+        ),
+        Cause.CPU,
+        None,
+    ),
+    (
+        "2 cores, one pinned worker, other work at 0.7 cores (under 0.8 of the job's 1.3: not a "
+        "group as hungry as the job): it keeps its 0.7, and the job has all the rest: no gain",
+        replace(IDLE_8, cpu_count=2, host_busy_cores=2.0),
+        Cause.CPU,
+        None,
+    ),
+    (
+        "4 cores, one other group at 1.4 times the job's CPU: the job's fair half (2 cores) is 1.2 "
+        "times what it has, and a third worker spreads it far enough to take it",
+        replace(
+            IDLE_8,
+            cpu_count=4,
+            main_cores=0.27,
+            worker_cores=1.4,
+            busiest_worker_cores=0.7,
+            workers=2,
+            host_busy_cores=4.0,
+        ),
+        Cause.CPU,
+        (3, 1.2, Limit.CPU),  # min(fair share 2.0, 3.27 CPUs' weight: 2.17) / 1.67
     ),
     (
         "a storage-bound reader: streams scale until the disk is busy all the time (50% now: 2x)",

@@ -11,9 +11,10 @@ The model, in steps per second relative to today's (`speedup` 1.0 is no change):
   is one single-threaded process). A storage-bound loader's workers each keep one read in flight:
   `s` times the steps needs `s` times today's readers' streams;
 - the main process needs `s` times its CPU too (launching kernels, collating, the training loop);
-- the host's cores are shared, as Linux's scheduler shares them, fairly among the runnable
-  processes (water-filling): other users' processes that want whole cores (the host is saturated,
-  and they use what a loader worker gets) keep taking their share as the job adds workers;
+- the cores the job can have: on a host with idle cores, all but what other users' work uses; on
+  a saturated one, Linux shares the machine fairly among the scheduling groups that want CPU, so
+  the job gets at most its share among them however many workers it adds, and within that more
+  workers win CPU only while they spread the job over more CPUs (job_cpu_cap);
 - storage: the busiest disk's utilization (iostat's %util) grows with the reads, to 1.0 at most.
 The speed-up of a change is the largest `s` (at most the ceiling) whose demands all fit.
 """
@@ -251,26 +252,30 @@ def cannot(why: str, cause: Cause | None = None, ceiling: float | None = None, w
     return Advice(Kind.CANNOT, cause=cause, ceiling=ceiling, why=why, windows=windows)
 
 
-def other_weight(i: RemedyInputs, cause: Cause) -> float | None:
-    """How much of each CPU other users' work claims, in groups' worth (G: 0 on an idle host, 1
-    for one other group spread over every CPU, C for one single-process group on each CPU); None
-    when the host has idle cores (the job can have all but the others' CPU).
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """How other users' work shares a saturated host with the job (see job_cpu_cap)."""
 
-    Linux shares a busy CPU among the scheduling groups (cgroups: a Slurm job, a pod, a systemd
-    service; a login session's autogroup) that want it, by weight, and a group's weight is split
-    over the CPUs its processes run on: a job whose processes want k CPUs of C gets
-    k*C / (C + k*G) cores (each of its CPUs at (1/k) / (1/k + G/C)). Other users' work, in groups
-    of its own, keeps its share however many workers the job adds, and a job gains from more
-    workers only while they spread it over more CPUs. G is what makes today's share come out."""
+    weight: float
+    """G: how much of each CPU other users' work claims, in groups' worth (1 for one other group
+    spread over every CPU, C for a single-process group on each CPU)."""
+    level: float
+    """The job's fair share of the machine among the groups that want CPU, in cores."""
+
+
+def contention(i: RemedyInputs, cause: Cause) -> Contention | None:
+    """None when the host has idle cores, or when other users' work takes less than the job gets
+    (it has what it wants, and keeps it): the job can then have all but that work's CPU."""
     assert i.main_cores is not None and i.worker_cores is not None and i.host_busy_cores is not None
     cores = float(i.cpu_count or 1)
-    if cores - i.host_busy_cores >= SATURATED_IDLE_CORES:
-        return None
     job = max(0.05, i.main_cores + i.peer_cores + i.worker_cores)
+    others = max(0.0, i.host_busy_cores - job)
+    if cores - i.host_busy_cores >= SATURATED_IDLE_CORES or others < OTHERS_CPU_BOUND * job:
+        return None
+    groups = max(1, round(others / job))  # other groups at the job's level: each wants more
     wanted = min(cores, _cpus_wanted(i, cause, i.workers or 0, i.worker_cores, 1.0))
-    if wanted <= job + 0.02:  # the job has what it wants: nothing to tell the others' claim by
-        return 1.0
-    return max(0.0, cores * (wanted - job) / (wanted * job))
+    weight = 1.0 if wanted <= job + 0.02 else max(0.0, cores * (wanted - job) / (wanted * job))
+    return Contention(weight, max(job, cores / (groups + 1)))
 
 
 def _cpus_wanted(i: RemedyInputs, cause: Cause, workers: int, worker_cpu: float, s: float) -> float:
@@ -283,15 +288,23 @@ def _cpus_wanted(i: RemedyInputs, cause: Cause, workers: int, worker_cpu: float,
     return min(1.0, i.main_cores * s) + i.peer_cores * s + workers * busy
 
 
-def job_cpu_cap(i: RemedyInputs, wanted: float, weight: float | None) -> float:
-    """The most CPU the job's processes can have together when they keep `wanted` CPUs runnable
-    (see other_weight)."""
+def job_cpu_cap(i: RemedyInputs, wanted: float, shared: Contention | None) -> float:
+    """The most CPU the job's processes can have together when they keep `wanted` CPUs runnable.
+
+    Linux shares a saturated host among the scheduling groups that want CPU (cgroups: a Slurm job,
+    a pod, a systemd service; a login session's autogroup), fairly: the job gets at most its
+    share of the machine among them (`level`: cores / (G + 1) for G other groups as hungry as
+    it), however many workers it adds. Within that, each CPU is shared by weight, and a group's
+    weight is split over the CPUs its processes run on: a job whose processes want k CPUs of C
+    gets k*C / (C + k*G) cores, so more workers win CPU only while they spread the job over more
+    CPUs. G is what makes today's share come out. Without contention: all but what other users'
+    work uses."""
     assert i.main_cores is not None and i.worker_cores is not None and i.host_busy_cores is not None
     cores = float(i.cpu_count or 1)
-    if weight is None:
+    if shared is None:
         return cores - max(0.0, i.host_busy_cores - i.main_cores - i.peer_cores - i.worker_cores)
     k = min(cores, max(1.0, wanted))  # less than a CPU's worth still concentrates on one CPU
-    return k * cores / (cores + k * weight)
+    return min(shared.level, k * cores / (cores + k * shared.weight))
 
 
 def _speedup(
@@ -300,7 +313,7 @@ def _speedup(
     """The largest speed-up (at most the ceiling) whose demands fit, with `workers` loader workers
     (or the loader's cost gone: `cache`), and what binds there."""
     assert i.main_cores is not None and i.worker_cores is not None and i.workers
-    weight = other_weight(i, cause)
+    shared = contention(i, cause)
     today = i.workers
     # a storage-bound worker keeps one read in flight: streams scale with workers, to the device's limit
     io_cap = math.inf
@@ -318,7 +331,7 @@ def _speedup(
         if s > io_cap + 1e-9:
             return Limit.STORAGE if io_cap < workers / today - 1e-9 else Limit.LOADER
         wanted = _cpus_wanted(i, cause, workers, worker_cpu, s)
-        if (main + worker_cpu) * s > job_cpu_cap(i, wanted, weight) + 1e-9:
+        if (main + worker_cpu) * s > job_cpu_cap(i, wanted, shared) + 1e-9:
             return Limit.CPU
         return None
 
