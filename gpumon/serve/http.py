@@ -44,6 +44,7 @@ from typing import Any
 
 import h11
 
+from gpumon.core.threads import named_thread
 from gpumon.serve.webconfig import WebConfig, WebConfigError
 
 log = logging.getLogger("gpumon.serve.http")
@@ -379,7 +380,7 @@ class WebServer:
             self._loop.run_until_complete(serve())
             self._loop.run_forever()
 
-        self._thread = threading.Thread(target=run, name="gpumon-http", daemon=True)
+        self._thread = named_thread(run, "gpumon-http")
         self._thread.start()
         ready.wait(10)
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from gpumon.core.errors import OutputError
 from gpumon.core.model import Tick
+from gpumon.core.threads import named_thread
 from gpumon.trace.records import make_header
 from gpumon.trace.segments import list_segments, segment_name
 from gpumon.trace.writer import TraceWriterV2
@@ -110,7 +111,7 @@ class Recorder:
     # -- the sampler's side ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpumon-recorder", daemon=True)
+        self._thread = named_thread(self._run, "gpumon-recorder")
         self._thread.start()
 
     def submit(self, tick: Tick) -> None:
