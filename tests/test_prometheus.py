@@ -132,15 +132,27 @@ EVENTS_ONLY = {"XID errors (range)"}
 be valid PromQL; tests/test_hopper.py serves a scripted XID through the stand-in driver."""
 
 
-def test_every_dashboard_query_returns_data(stack) -> None:
-    base, _ = stack
-    time.sleep(6)  # rate() and increase() need a few samples in their window
+ADVISED = 'gpumon_gpu_predicted_speedup{change="recommended"}'
+"""What a fix buys has a number once the starved GPU's episode has its first steady windows (the
+onset, then MIN_WINDOWS windows: ~15 s after the daemon starts, docs/detector.md)."""
+
+
+def empty_queries(base: str) -> list[str]:
     empty = []
     for title, expr in dashboard_queries():
         doc = api(base, "/api/v1/query", query=concrete(expr))
         assert doc["status"] == "success", (title, expr, doc)
         if not doc["data"]["result"] and title not in EVENTS_ONLY:
             empty.append(f"{title}: {expr}")
+    return empty
+
+
+def test_every_dashboard_query_returns_data(stack) -> None:
+    base, _ = stack
+    # rate() and increase() need a few samples in their window; the advice, an episode's first windows
+    enough = f"count_over_time(gpumon_gpu_state[1m]) > 5 and on() count({ADVISED}) > 0"
+    wait_until(lambda: api(base, "/api/v1/query", query=enough)["data"]["result"], 90, "the advice")
+    empty = empty_queries(base)
     assert not empty, "panels without data:\n" + "\n".join(empty)
     dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     names = {v["name"] for v in dash["templating"]["list"]}
@@ -192,11 +204,11 @@ def test_on_a_plain_machine_each_empty_panel_says_why(plain_stack) -> None:
     each panel's PromQL runs against a real Prometheus scraping the README's `gpumon serve`: a
     panel that has no data there says why in its description, and one that says so has none."""
     base = plain_stack
-    enough = "count_over_time(gpumon_gpu_state[1m]) > 5"
-    wait_until(  # rate() and increase() need a few samples in their window
+    enough = f"count_over_time(gpumon_gpu_state[1m]) > 5 and on() count({ADVISED}) > 0"
+    wait_until(  # rate() and increase() need a few samples in their window; the advice, an episode's
         lambda: api(base, "/api/v1/query", query=enough)["data"]["result"],
-        60,
-        "a few scrapes",
+        90,
+        "a few scrapes and the advice",
     )
     dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     empty, with_data = set(), set()

@@ -9,23 +9,30 @@ Two ways in:
 
 Either way the job as a whole gets a verdict, and the straggler is named: the GPU(s) starved while
 most of the job's other GPUs sit in sync-stall, waiting in a collective for them.
+
+The Slurm epilog runs this, so it must end whatever the servers do: each request has a total
+deadline (not one per read) and a bounded body (gpumon.core.fetch); an answer that is not JSON, or
+not shaped as gpumon's or Prometheus' answers are, is exit 9 naming the URL; text from a server
+is shown without its control characters (no terminal escapes); credentials come from the URL
+(`http://user:pass@host:9877`) or `--basic-auth`, and are never printed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.analyze.job_fix import gpu_fix_line, job_fix_lines, straggler_history
 from gpumon.analyze.trace_report import SUGGESTIONS
+from gpumon.core import fetch
 from gpumon.core.errors import EXIT_UNREACHABLE, GpumonError
 from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.vocabulary import main_label
@@ -36,12 +43,37 @@ SUGGESTIONS_STRAGGLER = (
 )
 STEP_S = 15.0
 """Prometheus query resolution: a state counts in steps this long."""
+DAEMON_DEADLINE_S = 10.0
+PROMETHEUS_DEADLINE_S = 30.0
+"""Each request's whole answer must come within this (a server that trickles is cut off)."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""A day of a job on 8 GPUs at 15 s steps is about 15 MB of Prometheus JSON; a state, tens of KB."""
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text from a server as it may reach a terminal: control characters (escapes) as '?'."""
+    return _CONTROL.sub("?", text)
 
 
 class ReportError(GpumonError):
     """A daemon or Prometheus that cannot be read, or a job they do not know."""
 
     exit_code = EXIT_UNREACHABLE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
+
+
+@contextmanager
+def _shaped(url: str) -> Iterator[None]:
+    """An answer that is JSON but not shaped as expected: exit 9 naming the URL, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise ReportError(
+            f"{fetch.redacted(url)}: not the answer gpumon expects ({type(e).__name__}: {str(e)[:80]})"
+        ) from None
 
 
 @dataclass
@@ -160,7 +192,7 @@ def render(rep: JobReport) -> str:
         fix = gpu_fix_line(g)
         if fix:
             lines.append(fix)
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def fix_lines(rep: JobReport) -> list[str]:
@@ -203,55 +235,102 @@ def to_json(rep: JobReport) -> dict[str, Any]:
 # -- from daemons ---------------------------------------------------------------------------------
 
 
-def _get_json(url: str, timeout_s: float = 10.0) -> Any:
+def _get_json(url: str, timeout_s: float = DAEMON_DEADLINE_S, auth: str | None = None) -> Any:
+    headers = fetch.basic_header(auth) if auth else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise ReportError(f"{url}: cannot read: {getattr(e, 'reason', e)}") from None
+        status, body = fetch.get(url, timeout_s, MAX_BODY_BYTES, headers)
+    except fetch.FetchError as e:
+        raise ReportError(str(e)) from None
+    shown = fetch.redacted(url)
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        if status != 200:
+            raise ReportError(f"{shown}: answered HTTP {status}") from None
+        raise ReportError(f"{shown}: not JSON ({str(e)[:80]})") from None
+    if status != 200:
+        why = doc.get("error") if isinstance(doc, dict) else None
+        raise ReportError(f"{shown}: answered HTTP {status}" + (f": {str(why)[:200]}" if why else ""))
+    return doc
 
 
-def from_daemons(job_id: str, urls: list[str], since: float | None, until: float | None) -> JobReport:
+def from_daemons(
+    job_id: str,
+    urls: list[str],
+    since: float | None,
+    until: float | None,
+    auth: str | None = None,
+    timeout_s: float | None = None,
+) -> JobReport:
     gpus: list[GpuJobReport] = []
     user = None
     scheduler = "slurm"
     for url in urls:
-        state = _get_json(url.rstrip("/") + "/api/v1/state")
-        if not isinstance(state, dict) or not state.get("ready"):
-            raise ReportError(f"{url}: gpumon is not ready yet")
-        node = str(state.get("hostname") or urllib.parse.urlsplit(url).hostname)
-        now_unix = float(state.get("time_unix_s") or time.time())
-        for g in state.get("gpus", []):
-            mine = [j for j in g.get("jobs", []) if str(j.get("job_id")) == job_id]
-            if not mine:
-                continue
-            user = user or mine[0].get("user")
-            scheduler = mine[0].get("scheduler", scheduler)
-            gr = GpuJobReport(node, int(g["index"]), str(g.get("uuid", "")), now=g.get("label"))
-            gr.advice = g.get("advice") if isinstance(g.get("advice"), dict) else None
-            began = mine[0].get("started_unix_s")  # when the prolog ran: earlier episodes were others'
-            lo = (
-                since
-                if since is not None
-                else (float(began) if isinstance(began, (int, float)) else -math.inf)
-            )
-            hi = until if until is not None else now_unix
-            for e in g.get("episodes", []):
-                start, end = e["start_unix_s"], e.get("end_unix_s") or now_unix
-                overlap = min(end, hi) - max(start, lo)
-                if overlap <= 0:
-                    continue
-                gr.episodes.append(e)
-                gr.seconds_by_label[e["label"]] += overlap
-                share = overlap / max(end - start, 1e-9)
-                gr.wasted_gpu_s += (e.get("wasted_gpu_s") or 0.0) * share
-            gpus.append(gr)
+        state = _get_json(url.rstrip("/") + "/api/v1/state", timeout_s or DAEMON_DEADLINE_S, auth)
+        with _shaped(url):
+            user, scheduler, now_unix = _from_state(job_id, url, state, since, until, gpus, user, scheduler)
     if not gpus:
-        raise ReportError(f"job {job_id}: no GPU of it is known to {', '.join(urls)}")
-    rep = JobReport(job_id, user, scheduler, ", ".join(urls), since, until, gpus)
+        shown = ", ".join(fetch.redacted(u) for u in urls)
+        raise ReportError(f"job {job_id}: no GPU of it is known to {shown}")
+    rep = JobReport(job_id, user, scheduler, ", ".join(fetch.redacted(u) for u in urls), since, until, gpus)
     rep.now_unix_s = now_unix
     _mark_stragglers(rep)
     return rep
+
+
+def _from_state(
+    job_id: str,
+    url: str,
+    state: Any,
+    since: float | None,
+    until: float | None,
+    gpus: list[GpuJobReport],
+    user: str | None,
+    scheduler: str,
+) -> tuple[str | None, str, float]:
+    """One daemon's GPUs of the job into `gpus`; the job's user and scheduler as far as known, and the
+    daemon's time (what an open episode runs to)."""
+    if not isinstance(state, dict) or not state.get("ready"):
+        raise ReportError(f"{fetch.redacted(url)}: gpumon is not ready yet")
+    node = str(state.get("hostname") or urllib.parse.urlsplit(url).hostname)
+    now_unix = _time(state.get("time_unix_s")) or time.time()
+    for g in state.get("gpus", []):
+        mine = [j for j in g.get("jobs", []) if str(j.get("job_id")) == job_id]
+        if not mine:
+            continue
+        user = user or mine[0].get("user")
+        scheduler = mine[0].get("scheduler", scheduler)
+        gr = GpuJobReport(node, int(g["index"]), str(g.get("uuid", "")), now=g.get("label"))
+        gr.advice = g.get("advice") if isinstance(g.get("advice"), dict) else None
+        began = mine[0].get("started_unix_s")  # when the prolog ran: earlier episodes were others'
+        began_unix = _time(began)
+        lo = since if since is not None else (began_unix if began_unix is not None else -math.inf)
+        hi = until if until is not None else now_unix
+        for e in g.get("episodes", []):
+            start, end = _time(e["start_unix_s"]), _time(e.get("end_unix_s")) or now_unix
+            if start is None or not isinstance(e["label"], str):
+                raise ValueError(f"an episode without a start time or a label: {str(e)[:60]}")
+            overlap = min(end, hi) - max(start, lo)
+            if overlap <= 0:
+                continue
+            gr.episodes.append(e)
+            gr.seconds_by_label[e["label"]] += overlap
+            share = overlap / max(end - start, 1e-9)
+            wasted = float(e.get("wasted_gpu_s") or 0.0)
+            if not math.isfinite(wasted):
+                raise ValueError(f"wasted_gpu_s {wasted}")
+            gr.wasted_gpu_s += wasted * share
+        gpus.append(gr)
+    return user, scheduler, now_unix
+
+
+def _time(value: Any) -> float | None:
+    """A Unix time from a server, or None; ValueError for anything that is not one."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
+        raise ValueError(f"not a time: {str(value)[:40]}")
+    return float(value)
 
 
 def _mark_stragglers(rep: JobReport) -> None:
@@ -263,26 +342,63 @@ def _mark_stragglers(rep: JobReport) -> None:
 # -- from Prometheus ------------------------------------------------------------------------------
 
 
-def _prom(base: str, query: str, start: float, end: float, step: float = STEP_S) -> list[dict[str, Any]]:
+def _prom(
+    base: str,
+    query: str,
+    start: float,
+    end: float,
+    step: float = STEP_S,
+    auth: str | None = None,
+    timeout_s: float | None = None,
+) -> list[dict[str, Any]]:
     params = urllib.parse.urlencode(
         {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     )
-    doc = _get_json(f"{base.rstrip('/')}/api/v1/query_range?{params}", timeout_s=30)
+    url = f"{base.rstrip('/')}/api/v1/query_range?{params}"
+    doc = _get_json(url, timeout_s or PROMETHEUS_DEADLINE_S, auth)
+    shown = fetch.redacted(base)
     if not isinstance(doc, dict) or doc.get("status") != "success":
-        raise ReportError(f"{base}: the query failed: {doc.get('error') if isinstance(doc, dict) else doc!r}")
-    result = doc["data"]["result"]
-    assert isinstance(result, list)
+        why = doc.get("error") if isinstance(doc, dict) else "not a Prometheus answer"
+        raise ReportError(f"{shown}: the query failed: {str(why)[:200]}")
+    with _shaped(base):
+        result = doc["data"]["result"]
+        if not isinstance(result, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("metric"), dict) and isinstance(r.get("values"), list)
+            for r in result
+        ):
+            raise ValueError("data.result is not a list of series")
     return result
 
 
-def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobReport:
+def from_prometheus(
+    job_id: str,
+    base: str,
+    since: float,
+    until: float,
+    auth: str | None = None,
+    timeout_s: float | None = None,
+) -> JobReport:
+    with _shaped(base):
+        return _from_prometheus(job_id, base, since, until, auth, timeout_s)
+
+
+def _from_prometheus(
+    job_id: str, base: str, since: float, until: float, auth: str | None, timeout_s: float | None
+) -> JobReport:
     sel = f'job_id="{_escape(job_id)}"'
     info = f"gpumon_gpu_job_info{{{sel}}}"
     states = _prom(
-        base, f"{info} * on(instance, gpu, uuid) group_left(state) (gpumon_gpu_state == 1)", since, until
+        base,
+        f"{info} * on(instance, gpu, uuid) group_left(state) (gpumon_gpu_state == 1)",
+        since,
+        until,
+        auth=auth,
+        timeout_s=timeout_s,
     )
     if not states:
-        raise ReportError(f"job {job_id}: Prometheus at {base} has no GPU of it between the times asked")
+        raise ReportError(
+            f"job {job_id}: Prometheus at {fetch.redacted(base)} has no GPU of it between the times asked"
+        )
     gpus: dict[tuple[str, int], GpuJobReport] = {}
     user = None
     scheduler = "slurm"
@@ -302,6 +418,8 @@ def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobRe
         f"{info} * on(instance, gpu, uuid) group_left(cause) (gpumon_gpu_starvation_cause == 1)",
         since,
         until,
+        auth=auth,
+        timeout_s=timeout_s,
     )
     cause_at: dict[tuple[float, tuple[str, int]], str] = {}
     for series in causes:
@@ -331,13 +449,17 @@ def from_prometheus(job_id: str, base: str, since: float, until: float) -> JobRe
         until,
         until,
         STEP_S,
+        auth,
+        timeout_s,
     )
     for series in wasted:
         m = series["metric"]
         key = (m.get("instance", "?"), int(m.get("gpu", -1)))
         if key in gpus and series["values"]:
             gpus[key].wasted_gpu_s = float(series["values"][-1][1])
-    rep = JobReport(job_id, user, scheduler, f"Prometheus {base}", since, until, list(gpus.values()))
+    rep = JobReport(
+        job_id, user, scheduler, f"Prometheus {fetch.redacted(base)}", since, until, list(gpus.values())
+    )
     rep.history = history(spans)
     # a straggler is one for a good part of the range, not for one unlucky step
     total = window

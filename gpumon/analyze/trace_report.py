@@ -9,12 +9,14 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.collect.pipeline import Pipeline, SourceSpec
 from gpumon.collect.pipeline.sources import OpenedSources, replayed
@@ -30,7 +32,7 @@ from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import main_label
 from gpumon.trace.range import GpuSelection, Span, read_range
-from gpumon.trace.reader import Trace, read_trace
+from gpumon.trace.reader import Trace, iter_trace, read_trace
 from gpumon.trace.segments import list_segments, segment_start
 
 SCHEMA = "gpumon-analysis/1"
@@ -58,12 +60,34 @@ SUGGESTIONS = {
 }
 
 
+class VerdictRow(NamedTuple):
+    """One window's verdict, as `--json` lists it: a tenth of a Verdict's memory (no evidence kept),
+    so that a long trace's analysis grows with what it prints, not with the samples it read."""
+
+    t_s: float
+    state: str
+    cause: str | None
+    confidence: float
+    raw: str
+    duty_cycle: float | None
+
+    @classmethod
+    def of(cls, v: Verdict) -> VerdictRow:
+        duty = v.evidence.duty_cycle
+        return cls(
+            v.t_s, v.state, v.cause, v.confidence, v.raw.label, None if duty is None else round(duty, 4)
+        )
+
+
 @dataclass
 class GpuReport:
     index: int
     uuid: str
     name: str
     verdicts: list[Verdict] = field(default_factory=list)
+    """Every window's whole verdict (kept = "all": for --plot and --truth, and library callers)."""
+    rows: list[VerdictRow] = field(default_factory=list)
+    """Every window's verdict as --json lists it (kept = "rows")."""
     episodes: list[Episode] = field(default_factory=list)
     seconds_by_label: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     wasted_gpu_s: float = 0.0
@@ -155,14 +179,22 @@ class Analysis:
         return started + t_s if isinstance(started, (int, float)) else None
 
 
-def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysis:
-    """One trace file, read whole (its verdicts per tick kept, for --json, --plot and --truth)."""
+KEEP = ("all", "rows", "none")
+"""What `analyze` keeps of a trace: "all" (the whole trace and every Verdict: --plot, --truth),
+"rows" (streamed; a VerdictRow per window: --json), "none" (streamed; episodes and totals only:
+the text report). Streamed, memory grows with what is kept, not with the ticks read."""
+
+
+def analyze(trace: Trace | str, thresholds: Thresholds | None = None, *, keep: str = "all") -> Analysis:
+    """One trace file: read whole with `keep="all"`, else streamed (see KEEP)."""
     th = thresholds or Thresholds()
     if isinstance(trace, str):
+        if keep != "all":
+            return _analyze_stream(trace, th, keep)
         trace = read_trace(trace)
     opened = replayed(trace)
     t0 = trace.ticks[0].t_s if trace.ticks else 0.0
-    run = _run(opened, t0, trace.path, trace.header, th, keep_ticks=True)
+    run = _run(opened, t0, trace.path, trace.header, th, keep="all")
     reports, host, end = run.reports, run.host, run.end_s
     return Analysis(
         path=trace.path,
@@ -177,20 +209,82 @@ def analyze(trace: Trace | str, thresholds: Thresholds | None = None) -> Analysi
     )
 
 
+def _analyze_stream(path: str, th: Thresholds, keep: str) -> Analysis:
+    """One trace file read one tick at a time, by the same rules as read_trace: its errors are
+    raised (after the replay, as the reader meets them), its warnings kept."""
+    warnings: list[str] = []
+    items = iter_trace(path, warnings)
+    header = next(items)
+    assert isinstance(header, dict)
+    failure: list[TraceError] = []
+    seen = {"ticks": 0, "end": 0, "last_t": 0.0}
+
+    def ticks() -> Iterator[Tick]:
+        # the sampler isolates its sources' failures: a trace's error is carried out around it
+        try:
+            for item in items:
+                if isinstance(item, Tick):
+                    seen["ticks"] += 1
+                    seen["last_t"] = item.t_s
+                    yield item
+                else:
+                    seen["end"] += 1
+        except TraceError as e:
+            failure.append(e)
+
+    stream = ticks()
+    first = next(stream, None)
+    if failure:
+        raise failure[0]
+    if first is None:
+        raise TraceError(path, None, "the trace holds no ticks (a header only): nothing to analyze or replay")
+    interval = header.get("interval_s")
+    replay = ReplaySource(
+        ticks=itertools.chain([first], stream),
+        interval_s=float(interval) if isinstance(interval, (int, float)) else None,
+    )
+    opened = OpenedSources(
+        gpu=replay,
+        host=ReplayHost(replay),
+        description=SourceDescription.replay(path, header.get("source")),
+        exhausted=lambda: replay.exhausted,
+        next_data=replay.next_data_s,
+    )
+    run = _run(opened, first.t_s, path, header, th, keep=keep)
+    reports, end = run.reports, run.end_s
+    if failure:
+        raise failure[0]
+    if not seen["end"]:
+        warnings.append(
+            f"{path}: no end record: the recording did not stop cleanly ({seen['ticks']} ticks kept)"
+        )
+    return Analysis(
+        path=path,
+        header=header,
+        thresholds=th,
+        gpus=reports,
+        host=[],
+        duration_s=seen["last_t"] - first.t_s,
+        end_s=end,
+        warnings=warnings,
+    )
+
+
 MAX_RANGE_S = 366 * 86400.0
 
 
 def analyze_range(
     directory: str,
     since_unix_s: float,
-    until_unix_s: float,
+    until_unix_s: float = math.inf,
     gpus: frozenset[int] | None = None,
     thresholds: Thresholds | None = None,
     jobs: int = 1,
 ) -> Analysis:
-    """A recorder's segments between two wall-clock times, streamed: memory stays bounded however
-    long the range (no per-tick verdicts are kept; episodes and totals are). With `jobs` > 1 the
-    GPUs are shared among that many processes (by index), each reading the range for its own."""
+    """A recorder's segments between two wall-clock times (to the recording's end by default),
+    streamed: memory stays bounded however long the range (no per-tick verdicts are kept; episodes
+    and totals are). With `jobs` > 1 the GPUs are shared among that many processes (by index, no
+    more processes than GPUs), each reading the range for its own."""
 
     th = thresholds or Thresholds()
     if not os.path.isdir(directory):
@@ -202,10 +296,16 @@ def analyze_range(
         assert whole is not None  # not quiet: it raised instead
         return whole
 
-    _, ticks = read_range(directory, since_unix_s, until_unix_s)
-    if next(ticks, None) is None:  # said here, once, before any worker starts
-        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+    span, ticks = read_range(directory, since_unix_s, until_unix_s)
+    first_tick = next(ticks, None)
+    if first_tick is None:  # said here, once, before any worker starts
+        raise TraceError(directory, None, _nothing_between(span))
     ticks.close()  # type: ignore[attr-defined]
+    # no more processes than GPUs to share (the first tick's, those asked for)
+    indices = {g.index for g in first_tick.gpus if gpus is None or g.index in gpus}
+    jobs = min(jobs, max(1, len(indices)))
+    if jobs <= 1:
+        return analyze_range(directory, since_unix_s, until_unix_s, gpus, th)
     shares = [GpuSelection(gpus, jobs, k) for k in range(jobs)]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [
@@ -239,7 +339,8 @@ def _analyze_share(
     span, ticks = read_range(directory, since_unix_s - preroll_s, until_unix_s, gpus)
     first = next(ticks, None)
     if first is None or span.header is None:
-        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+        span.since_unix_s = since_unix_s
+        raise TraceError(directory, None, _nothing_between(span))
     interval = span.header.get("interval_s")
     replay = ReplaySource(
         ticks=itertools.chain([first], ticks),
@@ -253,7 +354,7 @@ def _analyze_share(
         next_data=replay.next_data_s,
     )
     report_from = since_unix_s - span.origin_unix_s
-    run = _run(opened, first.t_s, directory, span.header, th, keep_ticks=False, report_from_s=report_from)
+    run = _run(opened, first.t_s, directory, span.header, th, keep="none", report_from_s=report_from)
     reports, end = run.reports, run.end_s
     # the span as asked for: the pre-roll was read, not reported (nor the segments only it read)
     span.since_unix_s = since_unix_s
@@ -266,7 +367,7 @@ def _analyze_share(
     span.ticks = run.ticks_reported
     span.first_unix_s = None if run.first_reported_s is None else span.origin_unix_s + run.first_reported_s
     if span.first_unix_s is None:
-        raise TraceError(directory, None, _nothing_between(directory, since_unix_s, until_unix_s))
+        raise TraceError(directory, None, _nothing_between(span))
     if not reports:
         if quiet:
             return None
@@ -286,12 +387,19 @@ def _analyze_share(
     )
 
 
-def _nothing_between(directory: str, since: float, until: float) -> str:
-
-    segments = list_segments(directory)
-    asked = f"no samples between {_iso(since)} and {_iso(until)}"
+def _nothing_between(span: Span) -> str:
+    since, until = span.since_unix_s, span.until_unix_s
+    if math.isfinite(until):
+        asked = f"no samples between {_iso(since)} and {_iso(until)}"
+    else:
+        asked = f"no samples since {_iso(since)}" if since > 0 else "no samples"
+    segments = list_segments(span.directory)
     if not segments:
         return f"{asked}: no recorder segments here (gpumon-*.jsonl.gz)"
+    if span.skipped_segments:
+        # every segment that might have held them is damaged: say which, first
+        first = next((w for w in span.warnings if "skipped" in w), "")
+        return f"{asked}: {span.skipped_segments} segment(s) could not be read ({first})"
     return (
         f"{asked}: the recording here spans {_iso(segments[0].start_unix_s)} to about now or its last segment"
     )
@@ -329,12 +437,14 @@ def _run(
     header: dict[str, Any],
     th: Thresholds,
     *,
-    keep_ticks: bool,
+    keep: str,
     report_from_s: float | None = None,
 ) -> _Replayed:
     """The replay through the same pipeline as a live run: per-GPU reports, host (when kept), the
     time of the last tick. `report_from_s`: what comes before is fed to the detector (a pre-roll,
-    so the first reported seconds are judged) but not reported."""
+    so the first reported seconds are judged) but not reported. `keep`: see KEEP."""
+    keep_ticks = keep == "all"
+    keep_rows = keep == "rows"
     interval = header.get("interval_s")
     interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
     clock = VirtualClock(t0 - interval)  # the first replayed tick lands on the trace's first t_s
@@ -378,6 +488,8 @@ def _run(
             last_t[key] = v.t_s
             if keep_ticks:
                 rep.verdicts.append(v)
+            elif keep_rows:
+                rep.rows.append(VerdictRow.of(v))
             rep.seconds_by_label[v.label] += dt
             for j in jobs_of.get(key, ()):
                 rep.jobs.setdefault(j.job_id, j.user)
@@ -601,7 +713,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         else {
             "directory": sp.directory,
             "since_unix_s": round(sp.since_unix_s, 3),
-            "until_unix_s": round(sp.until_unix_s, 3),
+            "until_unix_s": round(sp.until_unix_s, 3) if math.isfinite(sp.until_unix_s) else None,
             "first_unix_s": sp.first_unix_s,
             "last_unix_s": sp.last_unix_s,
             "origin_unix_s": round(sp.origin_unix_s, 3),
@@ -626,19 +738,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
                 "suggestion": g.suggestion,
                 "advice": advice(g.fix),
                 "episodes": [episode(g, e) for e in g.episodes],
-                "verdicts": [
-                    {
-                        "t_s": v.t_s,
-                        "state": v.state,
-                        "cause": v.cause,
-                        "confidence": v.confidence,
-                        "raw": v.raw.label,
-                        "duty_cycle": None
-                        if v.evidence.duty_cycle is None
-                        else round(v.evidence.duty_cycle, 4),
-                    }
-                    for v in g.verdicts
-                ],
+                "verdicts": [r._asdict() for r in (g.rows or map(VerdictRow.of, g.verdicts))],
             }
             for g in a.gpus
         ],

@@ -38,7 +38,11 @@ def add_parser(
         "ago (90s, 30m, 2h, 1d); default: the start of the recording",
     )
     r.add_argument(
-        "--until", type=flags.time_point, metavar="TIME", help="to this time, as --since (default: now)"
+        "--until",
+        type=flags.time_point,
+        metavar="TIME",
+        help="to this time, as --since (default: the recording's end, even one stamped ahead of the "
+        "wall clock by a simulation at --speed)",
     )
     r.add_argument(
         "--jobs",
@@ -83,16 +87,19 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib()
     if args.directory is not None:
-        import time
+        import math
 
-        until = args.until if args.until is not None else time.time()
+        until = args.until if args.until is not None else math.inf
         since = args.since if args.since is not None else 0.0
         jobs = args.jobs if args.jobs is not None else min(8, os.cpu_count() or 1)
         if jobs < 1:
             raise UsageError("--jobs: at least 1")
         result = analyze_range(args.directory, since, until, args.gpu, th, jobs=jobs)
     else:
-        result = analyze(args.trace, th)
+        # streamed unless a picture or the truth needs every verdict whole: memory grows with the
+        # output (--json's rows), not with the ticks read
+        keep = "all" if args.plot or args.truth else ("rows" if args.json else "none")
+        result = analyze(args.trace, th, keep=keep)
     if args.plot:
         from gpumon.analyze.plot import plot
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -34,6 +35,18 @@ def add_parser(
         help="from this time: ISO 8601, or ago as 30m, 2h, 1d",
     )
     s.add_argument("--until", type=flags.time_point, metavar="TIME", help="until this time (default now)")
+    s.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="the longest wait for each server's whole answer (default 10 for daemons, 30 for Prometheus)",
+    )
+    s.add_argument(
+        "--basic-auth",
+        metavar="USER:PASSWORD",
+        help="credentials for daemons or a Prometheus that ask for basic auth (default "
+        "$GPUMON_BASIC_AUTH; or in the URL, http://USER:PASSWORD@host:9877); never printed",
+    )
     s.add_argument("--json", action="store_true", help="machine-readable (schema gpumon-job-report/1)")
     s.set_defaults(func=run)
 
@@ -41,6 +54,11 @@ def add_parser(
 def run(args: argparse.Namespace) -> int:
     from gpumon.analyze import job_report as report
 
+    if args.timeout is not None and not 0.1 <= args.timeout <= 3600:
+        raise UsageError("--timeout: from 0.1 to 3600 seconds")
+    auth = args.basic_auth or os.environ.get("GPUMON_BASIC_AUTH") or None
+    if auth is not None and ":" not in auth:
+        raise UsageError("--basic-auth: expected USER:PASSWORD")
     until = args.until if args.until is not None else time.time()
     if args.since is not None and args.since >= until:
         raise UsageError("--since must come before --until")
@@ -48,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
         if args.url:
             raise UsageError("--url and --prometheus: choose one")
         since = args.since if args.since is not None else until - 86400.0
-        rep = report.from_prometheus(args.job, args.prometheus, since, until)
+        rep = report.from_prometheus(args.job, args.prometheus, since, until, auth, args.timeout)
     else:
-        rep = report.from_daemons(args.job, args.url or ["http://127.0.0.1:9877"], args.since, args.until)
+        urls = args.url or ["http://127.0.0.1:9877"]
+        rep = report.from_daemons(args.job, urls, args.since, args.until, auth, args.timeout)
     if args.json:
         json.dump(report.to_json(rep), sys.stdout, indent=1)
         print()

@@ -11,8 +11,10 @@ docs/configuration.md lists every setting (a test keeps the two in step).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
+from gpumon.core.files import NotRegularFile, read_regular
 from gpumon.detect.thresholds import Thresholds, threshold_limits
 from gpumon.sim.scenarios import SCENARIOS
 
@@ -68,8 +71,12 @@ def setting(default: T, spec: Spec) -> T:
     return field(default=default, metadata={"spec": spec})
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
 def parse_listen(text: str) -> tuple[str, int]:
-    """HOST:PORT -> (host, port); `[::1]:9877` for IPv6; an empty host means every interface."""
+    """HOST:PORT -> (host, port); `[::1]:9877` for IPv6; an empty host means every interface.
+    HOST is an IPv4 address, an IPv6 address in brackets, `*`, or a host name (RFC 1123)."""
     host, sep, port = text.rpartition(":")
     if not sep:
         raise SettingError(
@@ -77,7 +84,26 @@ def parse_listen(text: str) -> tuple[str, int]:
         )
     if host.startswith("[") != host.endswith("]"):
         raise SettingError(f"an IPv6 address goes in brackets, e.g. [::1]:{DEFAULT_PORT}; got {text!r}")
+    bracketed = host.startswith("[")
     host = host.removeprefix("[").removesuffix("]")
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise SettingError(
+                f"not an IPv6 address in brackets: [{host}] (e.g. [::1]:{DEFAULT_PORT})"
+            ) from None
+    elif ":" in host:
+        raise SettingError(f"an IPv6 address goes in brackets, e.g. [::1]:{DEFAULT_PORT}; got {text!r}")
+    elif host and host != "*" and re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise SettingError(f"not an IPv4 address: {host!r}") from None
+    elif host and host != "*":
+        labels = host.removesuffix(".").split(".")
+        if len(host) > 253 or not all(_HOST_LABEL.match(x) for x in labels) or labels[-1].isdigit():
+            raise SettingError(f"not an address or a host name: {host!r}")
     if not port.isdigit():
         raise SettingError(f"port must be a number, got {port!r}")
     number = int(port)
@@ -88,6 +114,12 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def _check_listen(value: str) -> None:
     parse_listen(value)
+
+
+def _check_directory(value: str) -> None:
+    """A directory, or nothing yet (made later, by a prolog or the recorder)."""
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise SettingError(f"{value}: not a directory")
 
 
 def _check_scenarios(value: str) -> None:
@@ -116,8 +148,10 @@ def _check_drive_file(value: str) -> None:
             f"or create it empty to wait for one (touch {value})"
         )
     _check_readable_file(value)
-    with open(value, "rb") as f:
-        head = f.read(64)
+    try:
+        head = read_regular(value, 64)[:64]
+    except OSError as e:
+        raise SettingError(f"{value}: cannot read: {e.strerror}") from None
     if head and not head.startswith(b"# gpumon-drive v1"):
         raise SettingError(f"{value}: not a drive file (written by gpumon bench --drive)")
 
@@ -258,6 +292,7 @@ class Config:
             "where gpumon's Slurm prolog writes which job holds which GPU",
             env="GPUMON_JOBS_DIR",
             metavar="DIR",
+            check=_check_directory,
         ),
     )
     dcgm_job_mapping_dir: str | None = setting(
@@ -267,6 +302,7 @@ class Config:
             "for sites whose prolog already writes it",
             env="GPUMON_DCGM_JOB_MAPPING_DIR",
             metavar="DIR",
+            check=_check_directory,
         ),
     )
     kubernetes: str = setting(
@@ -340,6 +376,7 @@ class Config:
             "the flight recorder: every sample kept on disk, compressed, for `gpumon analyze --from` "
             "(docs/recorder.md): auto (on for real GPUs; for simulated or replayed ones only when "
             "record_dir is set), on, or off",
+            flag="--record",
             env="GPUMON_RECORD",
             choices=("auto", "on", "off"),
         ),
@@ -352,6 +389,7 @@ class Config:
             flag="--record-dir",
             env="GPUMON_RECORD_DIR",
             metavar="DIR",
+            check=_check_directory,
         ),
     )
     record_segment_s: float = setting(
@@ -538,16 +576,22 @@ BY_ENV: Mapping[str, Setting] = {s.spec.env: s for s in SETTINGS.values() if s.s
 # -- loading -------------------------------------------------------------------------------------
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""gpumon's whole configuration is a few KB: a larger file is not one (/dev/zero never ends)."""
+
+
 def _read_toml(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # a regular file only: a FIFO would block the start (and a SIGHUP, and the SIGTERM after)
+        data = read_regular(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: a directory, not a config file") from None
+    except NotRegularFile as e:
+        raise ConfigError(f"{path}: a {e.kind}, not a config file (name a TOML file)") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a gpumon config file")
     if b"\0" in data:
         raise ConfigError(f"{path}: a binary file, not a TOML config file")
     try:

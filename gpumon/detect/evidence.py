@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.core.model import (
     HELD_BY_POWER,
@@ -124,19 +123,16 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
     """Lengths of consecutive True runs (gaps) and False runs (bursts)."""
-    gaps: list[int] = []
-    bursts: list[int] = []
     if not flags:
-        return gaps, bursts
-    current, length = flags[0], 0
-    for f in flags:
-        if f == current:
-            length += 1
-        else:
-            (gaps if current else bursts).append(length)
-            current, length = f, 1
-    (gaps if current else bursts).append(length)
-    return gaps, bursts
+        return [], []
+    # where each run ends (the indices where the flag changes, then the window's end); runs
+    # alternate, so gaps and bursts are every other length
+    ends = [i for i, (a, b) in enumerate(itertools.pairwise(flags), 1) if a != b]
+    ends.append(len(flags))
+    lengths = [end - start for start, end in itertools.pairwise([0, *ends])]
+    if flags[0]:
+        return lengths[0::2], lengths[1::2]
+    return lengths[1::2], lengths[0::2]
 
 
 _EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
@@ -186,14 +182,12 @@ def _fed_then_starved(values: list[float], th: Thresholds) -> tuple[int, float] 
     q = n // 4
     if q < 4:
         return None  # too few samples to tell a change from noise
-    prefix = [0.0]
-    for v in values:
-        prefix.append(prefix[-1] + v)
-    total = prefix[-1]
-    fed, starved = th.fed_duty + th.hysteresis, th.fed_duty - th.hysteresis
     newest = values[-max(2, n // 8) :]
     if sum(newest) / len(newest) >= th.fed_duty:
-        return None
+        return None  # fed now (most windows: said before any prefix sum)
+    prefix = [0.0, *itertools.accumulate(values)]
+    total = prefix[-1]
+    fed, starved = th.fed_duty + th.hysteresis, th.fed_duty - th.hysteresis
     best: tuple[float, int, float] | None = None
     for k in range(q, n - q + 1):
         old, new = prefix[k] / k, (total - prefix[k]) / (n - k)
@@ -248,43 +242,70 @@ def job_label(g: GpuSample) -> str | None:
     return None
 
 
+JobArrival = tuple[float, float] | None
+"""What the tracker saw of the job on the GPU now: (t of the last sample before it came, t of the
+first sample it held), or None if it held the GPU from the tracker's first window."""
+
+
+def _arrival_in_window(samples: tuple[GpuSample, ...], arrival: JobArrival) -> float | None:
+    """When the job now on the GPU came, if the window shows it coming (the sample before it is
+    in the window): what scanning the window's samples would find, without the scan."""
+    if arrival is None or not samples or samples[0].t_s > arrival[0]:
+        return None
+    return arrival[1]
+
+
 def _since_first_work(
-    points: tuple[UtilPoint, ...], samples: tuple[GpuSample, ...], th: Thresholds
+    points: tuple[UtilPoint, ...],
+    samples: tuple[GpuSample, ...],
+    th: Thresholds,
+    arrival: JobArrival | bool = False,
 ) -> tuple[UtilPoint, ...]:
     """The window of the job on the GPU now. When the window shows that job arriving (from no
     process, or after another job), what came before is not its, and neither is its start-up:
     a job starting up (importing, compiling, allocating) leaves the GPU idle while its main process
     is busy, which is start-up, not starvation. So the window starts at its first burst of work;
     a job that has run nothing yet keeps what it has (and is starting, or stalled)."""
-    current = job_key(samples[-1]) if samples else None
-    job_since = None
-    appeared = False
-    for s in reversed(samples):  # when the job appeared, if we saw it appear in this window
-        key = job_key(s)
-        if (key is None) != (current is None) or another_job(key, current):
-            appeared = True
-            break
-        job_since = s.t_s
-    if not appeared or job_since is None or not points or points[0].t_s >= job_since:
+    job_since: float | None = None
+    if arrival is False:  # nobody followed the job: read its arrival from the window's samples
+        current = job_key(samples[-1]) if samples else None
+        appeared = False
+        for s in reversed(samples):  # when the job appeared, if we saw it appear in this window
+            key = job_key(s)
+            if (key is None) != (current is None) or another_job(key, current):
+                appeared = True
+                break
+            job_since = s.t_s
+        if not appeared:
+            job_since = None
+    else:  # the tracker followed it (`arrival`): the same answer without a key per sample
+        job_since = _arrival_in_window(samples, arrival if arrival is not True else None)
+    if job_since is None or not points or points[0].t_s >= job_since:
         return points
     mine = tuple(p for p in points if p.t_s >= job_since)
     for n, p in enumerate(mine):
         if p.util_ratio > th.gap_util:
             return mine[n:]
-    return mine if current is not None else points
+    return mine if samples and samples[-1].processes else points
 
 
 PERIOD_POINTS = 33
 
 
-def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None) -> Evidence:
+def gather(
+    window: GpuWindow,
+    th: Thresholds,
+    work_since_s: float | None = None,
+    arrival: JobArrival | bool = False,
+) -> Evidence:
     """`work_since_s`: when the job on the GPU ran its first kernel (the tracker knows): what came
-    before is its start-up, not part of its work's pattern."""
+    before is its start-up, not part of its work's pattern. `arrival`: when the job now on the GPU
+    came, as the tracker followed it (see JobArrival); False: read it from the window's samples."""
     pts = window.points
     if len(pts) < 2 and window.samples:
         # No sub-second history (GetSamples unsupported, e.g. MIG): fall back to tick readings.
         pts = tuple(UtilPoint(s.t_s, s.util_ratio) for s in window.samples if s.util_ratio is not None)
-    pts = _since_first_work(pts, window.samples, th)
+    pts = _since_first_work(pts, window.samples, th, arrival)
     if work_since_s is not None and pts and pts[0].t_s < work_since_s:
         pts = tuple(p for p in pts if p.t_s >= work_since_s - 1e-9)
     values = [p.util_ratio for p in pts]
@@ -293,7 +314,9 @@ def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None)
         # the driver's sample period: the median spacing of the newest samples (constant for a GPU;
         # a median over all of a window's samples would cost a sort per tick for nothing)
         newest = pts[-PERIOD_POINTS:]
-        period = statistics.median(b.t_s - a.t_s for a, b in itertools.pairwise(newest))
+        spacing = sorted([b.t_s - a.t_s for a, b in itertools.pairwise(newest)])
+        mid = len(spacing) // 2  # the median, as statistics.median has it
+        period = spacing[mid] if len(spacing) % 2 else (spacing[mid - 1] + spacing[mid]) / 2
     duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
     bursty_quarters = 0
     recent_duty = change_age = duty_since_change = None
@@ -307,12 +330,15 @@ def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None)
         tail = values[len(values) * 3 // 4 :] or values[-1:]
         recent_duty = sum(tail) / len(tail)
         p5, p95 = _percentile(ordered, 0.05), _percentile(ordered, 0.95)
-        flags = [v <= th.gap_util for v in values]
+        gap_util = th.gap_util
+        flags = [v <= gap_util for v in values]
         gap_share = sum(flags) / len(flags)
         gaps, bursts = _runs(flags)
         if period:
             span = max(period * len(values), 1e-9)
-            starts = sum(1 for a, b in itertools.pairwise(flags) if a and not b)
+            # bursts that start in the window: every burst after a gap (the first burst, when the
+            # window opens in one, started before it)
+            starts = len(bursts) - (0 if flags[0] else 1) if bursts else 0
             bursts_per_s = starts / span
             mean_burst = _mean([n * period for n in bursts])
             mean_gap = _mean([n * period for n in gaps])
@@ -321,32 +347,15 @@ def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None)
                 mean = sum(lengths) / len(lengths)  # plain floats: statistics.pstdev works in Fractions
                 gap_cv = math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean
 
-    ratios = [
-        s.power_w / s.power_limit_w for s in window.samples if s.power_w is not None and s.power_limit_w
-    ]
+    ratios, sm, busy, clocks = _per_sample(window.samples)
     gpu = window.gpu
     pids = tuple(sorted(p.pid for p in gpu.processes))
     per_host = _job_processes(window, pids)
     seen = [procs for procs in per_host if procs]
     hosts = window.hosts
 
-    def avg(fn: Callable[[Sequence[ProcessCpu]], float | None]) -> float | None:
-        return _mean([v for v in (fn(procs) for procs in seen) if v is not None])
-
-    def host_avg(attr: str) -> float | None:
-        return _mean([getattr(h, attr) for h in hosts if getattr(h, attr) is not None])
-
-    sm, busy = [], []
-    for s in window.samples:
-        a = s.gpm
-        if a is not None and a.sm_active_ratio is not None and a.graphics_ratio is not None:
-            sm.append(a.sm_active_ratio)
-            busy.append(a.graphics_ratio)
-    reads = [
-        sum(p.read_bytes_per_s or 0.0 for p in procs)
-        for procs in seen
-        if all(p.read_bytes_per_s is not None for p in procs)
-    ]
+    host_cpu, busiest_core, iowait, disk_read, disk_busy = _host_means(hosts)
+    job = _job_means(seen)
     return Evidence(
         points=len(values),
         period_s=period,
@@ -366,30 +375,141 @@ def gather(window: GpuWindow, th: Thresholds, work_since_s: float | None = None)
         has_job=bool(pids),
         pids=pids,
         job_seen_on_host=bool(seen),
-        job_cpu_cores=avg(lambda ps: sum(p.cpu_ratio + p.children_cpu_ratio for p in ps)),
-        main_cpu_cores=avg(lambda ps: max(p.cpu_ratio for p in ps)),
-        busiest_child_cpu_cores=avg(lambda ps: max(p.busiest_child_cpu_ratio for p in ps)),
-        loader_workers=max((sum(p.children for p in ps) for ps in seen), default=None),
-        job_read_bytes_per_s=_mean(reads) if len(reads) == len(seen) and seen else None,
-        job_cpu_demand_cores=avg(lambda ps: _max_or_none(p.busiest_demand_ratio for p in ps)),
-        job_runq_wait_cores=avg(lambda ps: _sum_or_none(p.runq_wait_ratio for p in ps)),
-        job_blkio_wait_s=avg(lambda ps: _sum_or_none(p.blkio_wait_ratio for p in ps)),
-        job_age_s=_max_or_none(p.age_s for p in seen[-1]) if seen else None,
-        host_cpu_ratio=host_avg("cpu_ratio"),
-        busiest_core_ratio=host_avg("busiest_core_ratio"),
-        iowait_ratio=host_avg("iowait_ratio"),
-        disk_read_bytes_per_s=host_avg("disk_read_bytes_per_s"),
+        job_cpu_cores=job.cpu,
+        main_cpu_cores=job.main,
+        busiest_child_cpu_cores=job.child,
+        loader_workers=job.workers,
+        job_read_bytes_per_s=job.reads,
+        job_cpu_demand_cores=job.demand,
+        job_runq_wait_cores=job.runq,
+        job_blkio_wait_s=job.blkio,
+        job_age_s=job.age,
+        host_cpu_ratio=host_cpu,
+        busiest_core_ratio=busiest_core,
+        iowait_ratio=iowait,
+        disk_read_bytes_per_s=disk_read,
         cpu_count=hosts[-1].cpu_count if hosts else None,
-        disk_busy_ratio=host_avg("disk_busy_ratio"),
+        disk_busy_ratio=disk_busy,
         sm_active=_mean(sm),
         sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
-        clock_held=_clock_held(window.samples),
+        clock_held=_clock_held(clocks),
     )
 
 
-def _clock_held(samples: Sequence[GpuSample]) -> str | None:
+class _JobMeans(NamedTuple):
+    cpu: float | None
+    main: float | None
+    child: float | None
+    workers: int | None
+    reads: float | None
+    demand: float | None
+    runq: float | None
+    blkio: float | None
+    age: float | None
+
+
+def _job_means(seen: list[list[ProcessCpu]]) -> _JobMeans:
+    """The job's CPU and I/O over the host window, in one pass over each host sample's entries for
+    it: per sample, the processes' total (or the busiest one's) reading, then the mean over the
+    samples that have it. A reading any process lacks is unknown for that sample (not zero)."""
+    cpu: list[float] = []
+    main: list[float] = []
+    child: list[float] = []
+    workers: int | None = None
+    reads: list[float] = []
+    demand: list[float] = []
+    runq: list[float] = []
+    blkio: list[float] = []
+    for procs in seen:
+        total = 0.0
+        top = top_child = -math.inf
+        children = 0
+        read: float | None = 0.0
+        want: float | None = -math.inf
+        wait: float | None = 0.0
+        block: float | None = 0.0
+        for p in procs:
+            total += p.cpu_ratio + p.children_cpu_ratio
+            top = max(top, p.cpu_ratio)
+            top_child = max(top_child, p.busiest_child_cpu_ratio)
+            children += p.children
+            r, d, q, b = p.read_bytes_per_s, p.busiest_demand_ratio, p.runq_wait_ratio, p.blkio_wait_ratio
+            read = None if read is None or r is None else read + r
+            want = None if want is None or d is None else max(want, d)
+            wait = None if wait is None or q is None else wait + q
+            block = None if block is None or b is None else block + b
+        cpu.append(total)
+        main.append(top)
+        child.append(top_child)
+        workers = children if workers is None else max(workers, children)
+        if read is not None:
+            reads.append(read)
+        if want is not None:
+            demand.append(want)
+        if wait is not None:
+            runq.append(wait)
+        if block is not None:
+            blkio.append(block)
+    return _JobMeans(
+        cpu=_mean(cpu),
+        main=_mean(main),
+        child=_mean(child),
+        workers=workers,
+        reads=_mean(reads) if seen and len(reads) == len(seen) else None,
+        demand=_mean(demand),
+        runq=_mean(runq),
+        blkio=_mean(blkio),
+        age=_max_or_none(p.age_s for p in seen[-1]) if seen else None,
+    )
+
+
+def _per_sample(
+    samples: Sequence[GpuSample],
+) -> tuple[list[float], list[float], list[float], list[int]]:
+    """In one pass over the window's tick samples: power over its limit, GPM's SM and graphics
+    activity (where both are known), the clock-event bits."""
+    ratios: list[float] = []
+    sm: list[float] = []
+    busy: list[float] = []
+    clocks: list[int] = []
+    for s in samples:
+        if s.power_w is not None and s.power_limit_w:
+            ratios.append(s.power_w / s.power_limit_w)
+        a = s.gpm
+        if a is not None and a.sm_active_ratio is not None and a.graphics_ratio is not None:
+            sm.append(a.sm_active_ratio)
+            busy.append(a.graphics_ratio)
+        if s.clock_events is not None:
+            clocks.append(s.clock_events)
+    return ratios, sm, busy, clocks
+
+
+_HostMeans = tuple[float | None, float | None, float | None, float | None, float | None]
+_host_memo: list[tuple[tuple[HostSample, ...], _HostMeans] | None] = [None]
+"""The last host window and its means: every GPU of a tick shares the same host window (one tuple,
+compared by identity and held here, so its identity cannot be reused), so the means are taken once
+a tick. One reference, swapped whole: safe to share between threads."""
+
+
+def _host_means(hosts: tuple[HostSample, ...]) -> _HostMeans:
+    """The host's CPU, busiest core, iowait, disk reads and busiest disk's utilization, each a mean
+    over the host window."""
+    memo = _host_memo[0]
+    if memo is not None and memo[0] is hosts:
+        return memo[1]
+    out = (
+        _mean([h.cpu_ratio for h in hosts if h.cpu_ratio is not None]),
+        _mean([h.busiest_core_ratio for h in hosts if h.busiest_core_ratio is not None]),
+        _mean([h.iowait_ratio for h in hosts if h.iowait_ratio is not None]),
+        _mean([h.disk_read_bytes_per_s for h in hosts if h.disk_read_bytes_per_s is not None]),
+        _mean([h.disk_busy_ratio for h in hosts if h.disk_busy_ratio is not None]),
+    )
+    _host_memo[0] = (hosts, out)
+    return out
+
+
+def _clock_held(bits: Sequence[int]) -> str | None:
     """The clock-event reason that held the clocks in half of the window's ticks or more."""
-    bits = [s.clock_events for s in samples if s.clock_events is not None]
     if not bits:
         return None
     for name, mask in (

@@ -134,6 +134,10 @@ class StarvationDetector:
         self._job: JobKey | None = None
         self._job_label: str | None = None
         self._job_since = 0.0
+        self._last_sample_t: float | None = None
+        self._job_arrival: tuple[float, float] | None = None
+        """(last sample before, first sample of) the job now on the GPU, when this detector saw it
+        come (not when it held the GPU from the first window): what gather needs of its arrival."""
         """When this detector first saw the job now on the GPU."""
         self._job_ran = False
         """The job now on the GPU has run a kernel since it appeared."""
@@ -157,7 +161,7 @@ class StarvationDetector:
         t = window.t_s
         self._index, self._uuid = window.gpu.index, window.gpu.uuid
         new_job = self._follow_job(window)
-        ev = gather(window, th, self._job_work_since)
+        ev = gather(window, th, self._job_work_since, self._job_arrival)
         starting_s = self._starting_s(t, ev, len(window.hosts))
         # A window not yet full (just started, samples missing) lowers the confidence.
         expected = round(th.window_s / ev.period_s) if ev.period_s else None
@@ -233,6 +237,10 @@ class StarvationDetector:
         if new_job or (key is None) != (self._job is None):
             self._job_since, self._job_ran, self._job_work_since = window.t_s, False, None
             self._job_waited = False
+            # seen to come only after a window before it (the detector's first window has no past)
+            before = self._last_sample_t
+            self._job_arrival = None if before is None else (before, window.gpu.t_s)
+        self._last_sample_t = window.gpu.t_s
         if key != self._job:
             self._job, self._job_label = key, job_label(window.gpu)
         if key is not None and not self._job_ran:

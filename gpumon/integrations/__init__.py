@@ -7,6 +7,12 @@ training step never waits for it (a step's cost is reading one attribute). Once 
 episode of those GPUs it says so, with the cause and what to change; at the end, a summary: time
 in each state and GPU-hours wasted during the run. No daemon: one line at the start, then silence.
 
+The contract with the training code, whatever the daemon does (hangs, trickles a byte a second,
+sends an endless body, a JSON list, JSON nested a million deep): no exception reaches it, nothing
+it calls waits longer than a total deadline (`stop()`: STOP_DEADLINE_S, the end of a run included;
+each question to the daemon: `timeout_s` in all, not per read), and what is kept is bounded (a
+state of at most MAX_STATE_BYTES, at most MAX_PENDING lines waiting, MAX_GPUS GPUs followed).
+
     from gpumon.integrations import Watch          # any loop
     with Watch(framework="torch"):
         train()
@@ -18,14 +24,15 @@ in each state and GPU-hours wasted during the run. No daemon: one line at the st
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections import deque
+import urllib.parse
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +47,13 @@ FIND_S = 60.0
 QUIET_RETRY_S = 30.0
 """With no daemon, it is asked again this seldom, silently (it may start later)."""
 REPORTED = ("starved", "stalled", "sync-stall")
+MAX_STATE_BYTES = 8 * 1024 * 1024
+"""A daemon's state is tens of KB per GPU at most: a longer answer is not read."""
+STOP_DEADLINE_S = 3.0
+"""The most `stop()` (the end of training) waits, with the final question to the daemon."""
+MAX_PENDING = 100
+MAX_GPUS = 64
+MAX_REPORTED = 1000
 
 ADVICE = {
     ("cpu", "keras"): "raise PyDataset(workers=N, use_multiprocessing=True) or cache decoded samples",
@@ -136,11 +150,11 @@ class Watch:
         self.log = log or _print
         self.pid = pid or os.getpid()
         self.defer = defer
-        self.pending: deque[str] = deque()
+        self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reported: set[tuple[str, float]] = set()
-        self._advised: set[tuple[str, float]] = set()
+        self._reported: OrderedDict[tuple[str, float], None] = OrderedDict()
+        self._advised: OrderedDict[tuple[str, float], None] = OrderedDict()
         """Episodes whose fix line (what a fix buys) has been said."""
         self._first: dict[str, dict[str, Any]] = {}
         self._last: dict[str, dict[str, Any]] = {}
@@ -154,26 +168,45 @@ class Watch:
     # -- the training side -------------------------------------------------------------------------
 
     def start(self) -> Watch:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpumon-watch", daemon=True)
-            self._thread.start()
+        try:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gpumon-watch", daemon=True)
+                self._thread.start()
+        except Exception:  # (no thread to be had): the training runs on, unwatched
+            pass
         return self
 
     def drain(self) -> None:
         """Print what the thread found (the callbacks call this between steps: it costs a check)."""
-        while self.pending:
-            self.log(self.pending.popleft())
+        try:
+            while self.pending:
+                self.log(self.pending.popleft())
+        except Exception:  # a log function that fails is not the training's problem
+            pass
 
     def stop(self, summary: bool = True) -> None:
-        """Stop watching; ask once more (short timeout) and print the run's summary."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s + 1)
-            self._thread = None
-        if summary and self._reachable:
-            self._poll()
+        """Stop watching; ask once more and print the run's summary: within STOP_DEADLINE_S in
+        all, whatever the daemon does (the asking happens in a thread this one stops waiting for)."""
+        try:
+            deadline = time.monotonic() + STOP_DEADLINE_S
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(max(0.0, deadline - time.monotonic()))
+                self._thread = None
+            if summary and self._reachable:
+                last = threading.Thread(target=self._final, name="gpumon-watch-end", daemon=True)
+                last.start()
+                last.join(max(0.0, deadline - time.monotonic()))
+            self.drain()
+        except Exception:
+            pass
+
+    def _final(self) -> None:
+        self._poll()
+        try:
             self._say_summary()
-        self.drain()
+        except Exception:  # a daemon of another version: no summary rather than a wrong one
+            pass
 
     def __enter__(self) -> Watch:
         return self.start()
@@ -185,34 +218,42 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._poll()
+            try:
+                self._poll()
+            except Exception:  # whatever goes wrong, the watch goes quiet: the training goes on
+                pass
             self._stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
 
     def _say(self, line: str) -> None:
         if self.defer:
             self.pending.append(line)
-        else:
+            return
+        try:
             self.log(line)
+        except Exception:  # the user's log function failing is not the watch's to raise
+            pass
 
     def _poll(self) -> None:
         try:
-            request = urllib.request.Request(self.url + "/api/v1/state", headers=self._auth)
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
-                state = json.loads(r.read())
-        except (OSError, ValueError) as e:
+            body = get(self.url + "/api/v1/state", self._auth, self.timeout_s, MAX_STATE_BYTES)
+            state = json.loads(body)
+        except Exception as e:  # unreachable, slow, too large, not JSON, nested too deep
             if self._reachable is None:  # said once; later failures (a daemon restarting) stay quiet
-                why = getattr(e, "reason", None) or e
+                why = getattr(e, "reason", None) or str(e) or type(e).__name__
                 self._say(f"gpumon: no daemon at {self.url} ({why}): no GPU starvation reports for this run")
                 self._reachable = False
             return
         self._reachable = True
+        if not isinstance(state, dict):
+            return  # not a gpumon state: say nothing rather than something wrong
         try:
             self._look(state)
-        except (KeyError, TypeError, ValueError):
+        except Exception:
             return  # a daemon of another version: say nothing rather than something wrong
 
     def _mine(self, state: dict[str, Any]) -> list[dict[str, Any]]:
-        gpus = [g for g in state.get("gpus", []) if isinstance(g, dict)]
+        listed = state.get("gpus")
+        gpus = [g for g in listed[:MAX_GPUS] if isinstance(g, dict)] if isinstance(listed, list) else []
         if self.gpus is not None:
             return [g for g in gpus if g.get("index") in self.gpus]
         tree = process_tree(self.pid)
@@ -248,15 +289,15 @@ class Watch:
             fix = fix_line(g.get("advice"), self.framework) if label.startswith("starved") else None
             if episode in self._reported:
                 if fix is not None and episode not in self._advised:  # the prediction came later
-                    self._advised.add(episode)
+                    _remember(self._advised, episode)
                     self._say(f"gpumon: GPU {g['index']}: what a fix buys: {fix}")
                 continue
             if start < self._started_unix - 2 and now - self._started_unix < SETTLE_S:
                 continue  # an episode of the GPU's previous job, until the detector has seen ours
-            self._reported.add(episode)
+            _remember(self._reported, episode)
             line = self._episode_line(g, label, now - max(start, self._started_unix))
             if fix is not None:
-                self._advised.add(episode)
+                _remember(self._advised, episode)
                 line += f"; what a fix buys: {fix}"
             self._say(line)
 
@@ -296,6 +337,53 @@ def _deltas(before: Any, after: Any) -> dict[str, float]:
     return {k: v for k, v in out.items() if v >= 0.5}
 
 
+def get(url: str, headers: dict[str, str], deadline_s: float, max_bytes: int) -> bytes:
+    """The body of a GET answered 200, within `deadline_s` in all (a daemon that trickles a byte a
+    second is cut off: a per-read timeout would wait forever) and at most `max_bytes`; an
+    exception otherwise. Standard library only: http.client reads the answer (its header lines
+    and count bounded), a timer shuts the socket at the deadline."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=deadline_s)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(deadline_s, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if expired.is_set():
+            raise TimeoutError(f"no answer within {deadline_s:g} s")
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"HTTP {response.status} {response.reason}")
+        body = response.read(max_bytes + 1)
+        if expired.is_set():
+            raise TimeoutError(f"no whole answer within {deadline_s:g} s")
+        if len(body) > max_bytes:
+            raise ValueError(f"an answer longer than {max_bytes} bytes")
+        return body
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set():
+            raise TimeoutError(f"no whole answer within {deadline_s:g} s") from None
+        raise e
+    finally:
+        timer.cancel()
+        conn.close()
+
+
 def _auth_header() -> dict[str, str]:
     """GPUMON_BASIC_AUTH=USER:PASSWORD, when the daemon asks for basic auth."""
     creds = os.environ.get("GPUMON_BASIC_AUTH")
@@ -304,9 +392,17 @@ def _auth_header() -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode()}
 
 
+def _remember(seen: OrderedDict[tuple[str, float], None], episode: tuple[str, float]) -> None:
+    """Mark an episode as said, forgetting the oldest beyond MAX_REPORTED (a job that runs for
+    weeks must not grow the set)."""
+    seen[episode] = None
+    while len(seen) > MAX_REPORTED:
+        seen.popitem(last=False)
+
+
 def watch(**kw: Any) -> Watch:
     """A started Watch (stop it, or use `with Watch(...)`, to get the summary)."""
     return Watch(**kw).start()
 
 
-__all__ = ["Watch", "advice", "fix_line", "process_tree", "watch"]
+__all__ = ["Watch", "advice", "fix_line", "get", "process_tree", "watch"]

@@ -29,6 +29,7 @@ from gpumon.config.sources import attribution_spec, source_spec
 from gpumon.core.clock import Clock, MonotonicClock
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
+from gpumon.core.threads import named_thread
 from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
 from gpumon.serve import (
@@ -221,7 +222,7 @@ class Daemon:
         """Start sampling and serving; returns the port (useful with port 0)."""
         if self.recorder is not None:
             self.recorder.start()
-        self._sampler_thread = threading.Thread(target=self._sample, name="gpumon-loop", daemon=True)
+        self._sampler_thread = named_thread(self._sample, "gpumon-loop")
         self._sampler_thread.start()
         port = self.start_http_only()
         host = self.cfg.host_port[0]

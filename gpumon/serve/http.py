@@ -25,6 +25,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import functools
 import gzip
 import hashlib
 import json
@@ -43,6 +44,7 @@ from typing import Any
 
 import h11
 
+from gpumon.core.threads import named_thread
 from gpumon.serve.webconfig import WebConfig, WebConfigError
 
 log = logging.getLogger("gpumon.serve.http")
@@ -97,24 +99,56 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+@dataclass(eq=False)
+class _Check:
+    """A bcrypt check waiting for a thread."""
+
+    client: str
+    key: bytes
+    creds: tuple[str, bytes]
+    future: asyncio.Future[bool | None]
+    seq: int
+    prior: int
+    """The client's arrival before this one (-1: its first)."""
+
+
 class Authenticator:
     """Basic auth against bcrypt hashes, as exporter-toolkit checks it.
 
     - An unknown user costs a bcrypt check too (against a hash of the same cost), so the time of
       an answer does not tell which users exist.
     - Checked credentials are remembered by SHA-256: good ones (a scraper sends the same every few
-      seconds) and a bounded number of bad ones (a flood repeating itself).
-    - bcrypt runs on a small pool of threads, never on the event loop, with a bounded queue and at
-      most BCRYPT_PENDING_PER_CLIENT checks pending per client address.
+      seconds; kept across a reload while the user's hash is unchanged) and a bounded number of bad
+      ones (a flood repeating itself).
+    - bcrypt runs on BCRYPT_THREADS threads, never on the event loop. Checks wait in a queue of
+      BCRYPT_QUEUE, at most BCRYPT_PENDING_PER_CLIENT per client address, and are served fairly:
+      first credentials already turned away once (a scraper retrying), then the client heard from
+      longest ago (one never heard from first; the newest such first), so a client that asks every
+      few seconds yields to one that asks every fifteen. A full queue makes room by turning away
+      (429) the check that would be served last, when the newcomer comes before it. So addresses
+      flooding wrong passwords share the threads among themselves, and a scraper from any other
+      address is checked next (or, against endless new addresses, on its retry): a flood cannot
+      shut a real client out. The same credentials arriving while their check runs share its answer.
     """
 
-    def __init__(self, users: Mapping[str, bytes]) -> None:
+    def __init__(self, users: Mapping[str, bytes], previous: Authenticator | None = None) -> None:
         self._users = dict(users)
-        self._good: set[bytes] = set()
+        self._good: dict[bytes, str] = {}
+        """SHA-256 of good credentials -> their user."""
+        if previous is not None:  # a reload: credentials checked against the same hash stay good
+            self._good = {
+                k: u for k, u in previous._good.items() if previous._users.get(u) == self._users.get(u)
+            }
         self._bad: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.Counter[str] = collections.Counter()
-        self._queued = 0
+        self._waiting: list[_Check] = []
+        self._running = 0
+        self._inflight: dict[bytes, asyncio.Future[bool | None]] = {}
+        self._seen: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """client -> the sequence number of its last arrival (the oldest forgotten first)."""
+        self._turned_away: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._seq = 0
         self._dummy: bytes | None = None
 
     @property
@@ -156,34 +190,86 @@ class Authenticator:
             return False
         return None
 
+    def _order(self, key: bytes, prior: int, seq: int) -> tuple[int, int, int]:
+        """Lower is served sooner."""
+        return (0 if key in self._turned_away else 1, prior, -seq)
+
     async def check(self, header: str | None, client: str) -> bool | None:
-        """The verdict; None when the bcrypt queue is full (answer 429, try later)."""
+        """The verdict; None when the check was turned away (answer 429, try later)."""
         quick = self.known(header)
         if quick is not None:
             return quick
         creds = self._decode(header)
         assert creds is not None
-        if self._queued >= BCRYPT_QUEUE or self._pending[client] >= BCRYPT_PENDING_PER_CLIENT:
+        key = self._key(*creds)
+        running = self._inflight.get(key)
+        if running is not None:  # the same credentials, checked now: share the answer
+            return await asyncio.shield(running)
+        self._seq += 1
+        prior = self._seen.get(client, -1)
+        self._seen[client] = self._seq
+        self._seen.move_to_end(client)
+        while len(self._seen) > BAD_CREDENTIALS_REMEMBERED:
+            self._seen.popitem(last=False)
+        if self._pending[client] >= BCRYPT_PENDING_PER_CLIENT or not self._admit(key, prior):
+            self._turned_away[key] = None
+            while len(self._turned_away) > BAD_CREDENTIALS_REMEMBERED:
+                self._turned_away.popitem(last=False)
             return None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(BCRYPT_THREADS, thread_name_prefix="gpumon-bcrypt")
-        self._queued += 1
+        future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Check(client, key, creds, future, self._seq, prior))
         self._pending[client] += 1
+        self._inflight[key] = future
+        self._dispatch()
         try:
-            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self._bcrypt, *creds)
+            return await asyncio.shield(future)
         finally:
-            self._queued -= 1
             self._pending[client] -= 1
             if not self._pending[client]:
                 del self._pending[client]
-        key = self._key(*creds)
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
+
+    def _admit(self, key: bytes, prior: int) -> bool:
+        """Room in the queue, made if need be by turning away the check that would go last."""
+        if len(self._waiting) < BCRYPT_QUEUE:
+            return True
+        last = max(self._waiting, key=lambda c: self._order(c.key, c.prior, c.seq))
+        if self._order(key, prior, self._seq) >= self._order(last.key, last.prior, last.seq):
+            return False
+        self._waiting.remove(last)
+        self._turned_away[last.key] = None
+        if not last.future.done():
+            last.future.set_result(None)
+        return True
+
+    def _dispatch(self) -> None:
+        while self._running < BCRYPT_THREADS and self._waiting:
+            job = min(self._waiting, key=lambda c: self._order(c.key, c.prior, c.seq))
+            self._waiting.remove(job)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(BCRYPT_THREADS, thread_name_prefix="gpumon-bcrypt")
+            self._running += 1
+            done = asyncio.get_running_loop().run_in_executor(self._pool, self._bcrypt, *job.creds)
+            done.add_done_callback(functools.partial(self._checked, job))
+
+    def _checked(self, job: _Check, f: asyncio.Future[bool]) -> None:
+        self._running -= 1
+        ok = False if f.cancelled() or f.exception() is not None else bool(f.result())
+        user = job.creds[0]
         if ok:
-            self._good.add(key)
+            self._good[job.key] = user
         else:
-            self._bad[key] = None
+            self._bad[job.key] = None
             while len(self._bad) > BAD_CREDENTIALS_REMEMBERED:
                 self._bad.popitem(last=False)
-        return ok
+        self._turned_away.pop(job.key, None)
+        if not job.future.done():
+            job.future.set_result(ok)
+        if not self._pool_closed:
+            self._dispatch()
+
+    _pool_closed = False
 
     def _bcrypt(self, user: str, password: bytes) -> bool:
         # here, not at the top: basic auth only
@@ -208,6 +294,12 @@ class Authenticator:
         return self._dummy
 
     def close(self) -> None:
+        """No more checks start; those waiting are turned away."""
+        self._pool_closed = True
+        for job in self._waiting:
+            if not job.future.done():
+                job.future.set_result(None)
+        self._waiting.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -240,6 +332,9 @@ class WebServer:
         self._ssl = web.ssl_context() if web.tls else None
         self.auth = Authenticator(web.users)
         self._conns: dict[asyncio.StreamWriter, _Conn] = {}
+        self._waiting: collections.OrderedDict[asyncio.StreamWriter, _Conn] = collections.OrderedDict()
+        """The connections waiting for a whole request head, longest waiting first: eviction takes
+        the first, in O(1) (a scan of every connection on each accept cost a core at the limit)."""
         self.evicted = 0
         self.refused = 0
         self._loop = asyncio.new_event_loop()
@@ -285,7 +380,7 @@ class WebServer:
             self._loop.run_until_complete(serve())
             self._loop.run_forever()
 
-        self._thread = threading.Thread(target=run, name="gpumon-http", daemon=True)
+        self._thread = named_thread(run, "gpumon-http")
         self._thread.start()
         ready.wait(10)
 
@@ -299,7 +394,7 @@ class WebServer:
         def apply() -> None:
             self._web = web
             self.auth.close()
-            self.auth = Authenticator(web.users)
+            self.auth = Authenticator(web.users, previous=self.auth)
             if ctx is not None and self._ssl is not None:
                 # the listening sockets keep their context object: load the new material into it
                 self._ssl.load_cert_chain(web.cert_file or "", web.key_file)
@@ -351,6 +446,7 @@ class WebServer:
             return
         conn = _Conn(writer)
         self._conns[writer] = conn
+        self._waiting[writer] = conn
         peer = writer.get_extra_info("peername")
         client = str(peer[0]) if isinstance(peer, tuple) else "?"
         try:
@@ -361,14 +457,14 @@ class WebServer:
             pass  # the server is stopping
         finally:
             self._conns.pop(writer, None)
+            self._waiting.pop(writer, None)
             await _close(writer)
 
     def _evict(self) -> bool:
         """Close the connection that has waited longest for a whole request head."""
-        waiting = [c for c in self._conns.values() if not c.complete]
-        if not waiting:
+        if not self._waiting:
             return False
-        oldest = min(waiting, key=lambda c: c.since)
+        _, oldest = self._waiting.popitem(last=False)
         self._conns.pop(oldest.writer, None)
         oldest.writer.close()
         self.evicted += 1
@@ -394,6 +490,8 @@ class WebServer:
         while True:
             conn.complete = False
             conn.since = time.monotonic()
+            self._waiting[writer] = conn
+            self._waiting.move_to_end(writer)  # the newest to wait: evicted last
             deadline = loop.time() + self.timeout_s
             try:
                 request = await self._next_request(h, reader, deadline)
@@ -405,6 +503,7 @@ class WebServer:
             if request is None:
                 return  # closed, or the deadline for the request head passed
             conn.complete = True
+            self._waiting.pop(writer, None)
             response, close = await self._respond(request, h, client)
             data = self._encode(h, request, response, close)
             writer.write(data)

@@ -38,6 +38,16 @@ class DurableFile:
     def fileno(self) -> int:
         return self._f.fileno()
 
+    def still_at_path(self) -> bool:
+        """The open file is still the one its path names: False once it (or its directory) was
+        removed, moved or replaced, when writing on would only fill a file nobody can read."""
+        try:
+            here = os.fstat(self._f.fileno())
+            there = os.stat(self.path)
+        except OSError:
+            return False
+        return here.st_nlink > 0 and (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
     def write(self, data: bytes) -> None:
         """Hand `data` to the OS now; fsync when the last one is `fsync_every_s` old."""
         try:

@@ -29,6 +29,9 @@ class GzipRecordWriter:
     def write(self, line: bytes) -> None:
         self._file.write(self._z.compress(line) + self._z.flush(zlib.Z_SYNC_FLUSH))
 
+    def still_at_path(self) -> bool:
+        return self._file.still_at_path()
+
     def finish(self) -> None:
         """Close the gzip stream and the file."""
         if self._file.closed:
@@ -42,6 +45,22 @@ class GzipRecordWriter:
 
 CHUNK = 4096
 MAX_PENDING = 16 * 1024 * 1024 + 1
+MAX_RATIO = 200
+"""A trace inflates to at most this many times its compressed size: gpumon's own segments, flushed
+after every record, inflate about 10 times; the same records gzipped again in one go (`zcat | gzip
+-9`) of an idle GPU sampled 20 times a second, 64 times. Deflate reaches about 1,000: a file beyond
+this bound is a decompression bomb, refused before it costs time or memory."""
+RATIO_FREE_BYTES = 1024 * 1024
+"""The first MiB inflated is not held to MAX_RATIO (a short trace of a quiet GPU may exceed it)."""
+
+
+class TooCompressed(Exception):
+    """The stream inflates to more than MAX_RATIO times its compressed size."""
+
+    def __init__(self, offset: int, inflated: int) -> None:
+        super().__init__(f"inflates to {inflated} bytes from {offset}")
+        self.offset = offset
+        self.inflated = inflated
 
 
 class GzipLines:
@@ -49,12 +68,13 @@ class GzipLines:
     stream had reached; memory stays bounded (a line is cut at MAX_PENDING bytes). A torn stream (a
     killed writer) gives its whole lines, then its partial last one without a newline; afterwards
     `trailer_seen` says whether the stream ended properly. Corrupt data raises zlib.error with
-    `.offset` set."""
+    `.offset` set; a stream that inflates beyond MAX_RATIO raises TooCompressed."""
 
     def __init__(self, f: Any) -> None:
         self._f = f
         self.trailer_seen = False
         self.offset = 0
+        self.inflated = 0
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
         z = zlib.decompressobj(31)
@@ -63,10 +83,14 @@ class GzipLines:
             data = chunk
             while data:
                 try:
-                    pending += z.decompress(data, MAX_PENDING)
+                    out = z.decompress(data, MAX_PENDING)
                 except zlib.error as e:
                     e.offset = self.offset  # type: ignore[attr-defined]
                     raise
+                self.inflated += len(out)
+                if self.inflated > RATIO_FREE_BYTES + MAX_RATIO * (self.offset + len(chunk)):
+                    raise TooCompressed(self.offset + len(chunk), self.inflated)
+                pending += out
                 data = z.unconsumed_tail
                 while (nl := pending.find(b"\n")) >= 0:
                     yield pending[: nl + 1], self.offset

@@ -5,11 +5,17 @@ Each segment is a trace with its own clock; its ticks are put on one timeline, s
 `origin_unix_s`. Only segments that can hold samples of the range are opened. Where segments
 overlap (a clock stepped back, two daemons on one directory), a tick not later than the one before
 is passed over and counted in the warnings.
+
+Nothing recorded is lost to one bad file: a segment that cannot be read (truncated, corrupt, not
+gzip, two files joined, a FIFO or a symlink named like one) is skipped with a warning naming it and
+why, after the ticks it held up to the damage, and the segments after it are read as usual. The
+warnings are bounded (MAX_WARNINGS lines, then a count).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +24,8 @@ from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick, UtilPoint
 from gpumon.trace.reader import iter_trace
 from gpumon.trace.segments import Segment, list_segments
+
+MAX_WARNINGS = 50
 
 
 @dataclass
@@ -34,7 +42,19 @@ class Span:
     last_unix_s: float | None = None
     ticks: int = 0
     overlapping: int = 0
+    skipped_segments: int = 0
+    """Segments that could not be read (or not whole): each is named in the warnings."""
     warnings: list[str] = field(default_factory=list)
+    more_warnings: int = 0
+    after_until_unix_s: float | None = None
+    """The latest time known to be recorded after `until_unix_s` (None: nothing is)."""
+    now_unix_s: float = 0.0
+
+    def warn(self, text: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(text)
+        else:
+            self.more_warnings += 1
 
 
 def select(segments: list[Segment], since: float, until: float) -> list[Segment]:
@@ -63,15 +83,30 @@ class GpuSelection:
 
 
 def read_range(
-    directory: str, since: float, until: float, gpus: GpuSelection | None = None
+    directory: str,
+    since: float,
+    until: float = math.inf,
+    gpus: GpuSelection | None = None,
+    now: float | None = None,
 ) -> tuple[Span, Iterator[Tick]]:
-    """The span (filled in while reading) and the ticks with `since <= time < until`, on a
-    timeline whose 0 is `since` (or the first segment's start, when later)."""
-    segments = list_segments(directory)
+    """The span (filled in while reading) and the ticks with `since <= time < until` (until the
+    recording's end by default), on a timeline whose 0 is `since` (or the first segment's start,
+    when later). `now`: the wall clock (injected by tests)."""
+    skipped: list[str] = []
+    segments = list_segments(directory, skipped)
     chosen = select(segments, since, until)
     origin = max(since, chosen[0].start_unix_s - 60) if chosen else since
     span = Span(directory, since, until, origin)
+    for w in skipped:
+        span.warn(w)
+    later = [s.start_unix_s for s in segments if s.start_unix_s >= until]
+    span.after_until_unix_s = later[-1] if later else None
+    span.now_unix_s = time.time() if now is None else now
     return span, _ticks(span, chosen, gpus, segments[-1].path if segments else None)
+
+
+def _iso(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(unix_s))
 
 
 def _ticks(
@@ -81,42 +116,58 @@ def _ticks(
     for seg in chosen:
         span.segments.append(seg.path)
         warnings: list[str] = []
-        items = iter_trace(seg.path, warnings, gpus)
+        read = 0
         try:
+            items = iter_trace(seg.path, warnings, gpus)
             header = next(items)
-        except TraceError:
-            raise
-        assert isinstance(header, dict)
-        if span.header is None:
-            span.header = header
-        started = header.get("started_unix_s")
-        if not isinstance(started, (int, float)):
-            raise TraceError(seg.path, 1, "the header has no started_unix_s: cannot place it in time")
-        for item in items:
-            if not isinstance(item, Tick):
-                continue
-            unix = started + item.t_s
-            if unix < span.since_unix_s:
-                continue
-            if unix >= span.until_unix_s:  # since <= t < until
-                break
-            if unix <= last:
-                span.overlapping += 1
-                continue
-            last = unix
-            if span.first_unix_s is None:
-                span.first_unix_s = unix
-            span.last_unix_s = unix
-            span.ticks += 1
-            yield _shift(item, started - span.origin_unix_s)
+            assert isinstance(header, dict)
+            started = header.get("started_unix_s")
+            if not isinstance(started, (int, float)):
+                raise TraceError(seg.path, 1, "the header has no started_unix_s: cannot place it in time")
+            if span.header is None:
+                span.header = header
+            for item in items:
+                if not isinstance(item, Tick):
+                    continue
+                read += 1
+                unix = started + item.t_s
+                if unix < span.since_unix_s:
+                    continue
+                if unix >= span.until_unix_s:  # since <= t < until
+                    span.after_until_unix_s = max(span.after_until_unix_s or unix, unix)
+                    break
+                if unix <= last:
+                    span.overlapping += 1
+                    continue
+                last = unix
+                if span.first_unix_s is None:
+                    span.first_unix_s = unix
+                span.last_unix_s = unix
+                span.ticks += 1
+                yield _shift(item, started - span.origin_unix_s)
+        except TraceError as e:  # one bad segment costs its own damaged part, never the others
+            span.skipped_segments += 1
+            kept = f"its first {read} tick(s) read, the rest" if read else "segment"
+            warnings.append(f"{e}: {kept} skipped")
         if seg.path == newest:  # being written, most likely: no end yet is no news
             warnings = [w for w in warnings if "without its end" not in w and "partial last record" not in w]
-        span.warnings += warnings
+        for w in warnings:
+            span.warn(w)
     if span.overlapping:
-        span.warnings.append(
+        span.warn(
             f"{span.directory}: {span.overlapping} tick(s) passed over: segments overlap in time "
             "(a clock stepped back, or two daemons writing one directory)"
         )
+    after = span.after_until_unix_s
+    if after is not None and after > span.now_unix_s:  # a range that ends before the data: say why
+        span.warn(
+            f"{span.directory}: the recording goes on after the range, to {_iso(after)} or later, "
+            f"which is after now: a simulation run faster than real time (--speed) is stamped ahead "
+            f"of the wall clock; the range ends at {_iso(span.until_unix_s)}: leave out --until to "
+            "read the whole recording"
+        )
+    if span.more_warnings:
+        span.warnings.append(f"{span.directory}: {span.more_warnings} more warning(s) not shown")
 
 
 def _shift(tick: Tick, dt: float) -> Tick:

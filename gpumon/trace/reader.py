@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.core.errors import TraceError
+from gpumon.core.files import NotRegularFile, open_regular
 from gpumon.core.model import Tick
 from gpumon.trace.compact import Decoder
-from gpumon.trace.gzipped import GZIP_MAGIC, GzipLines
+from gpumon.trace.gzipped import GZIP_MAGIC, MAX_RATIO, GzipLines, TooCompressed
 from gpumon.trace.records import (
     FORMAT,
     MAX_GAP_S,
@@ -63,6 +64,21 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    """A whole number of more digits than any counter has (Python refuses over 4,300 anyway)."""
+    if len(text) > 40:
+        raise _NonFinite(f"a number of {len(text)} digits")
+    return int(text)
+
+
+MAX_IGNORED_IN_A_ROW = 10_000
+"""Records of unknown types are ignored (a newer gpumon's), but not endlessly: a trace holds a tick
+every interval, and a file of nothing else is not one this gpumon can read."""
+WARNINGS_PER_KIND = 5
+"""Warnings of one kind kept per file (a repeated t_s on every record says the same thing a
+million times): the first few, then one line with the count of the rest."""
+
+
 def iter_trace(
     path: str, warnings: list[str] | None = None, wanted: Callable[[int], bool] | None = None
 ) -> Iterator[dict[str, Any] | Tick]:
@@ -77,34 +93,42 @@ def iter_trace(
     reader = _Reader(path, warnings if warnings is not None else [])
     reader.wanted = wanted
     try:
-        f = open(path, "rb")
-    except IsADirectoryError:
-        raise TraceError(
-            path, None, "a directory: name a trace file (analyze --from DIR reads a directory)"
-        ) from None
+        f = open_regular(path)  # a FIFO would block, a device never end
+    except NotRegularFile as e:
+        if e.kind == "directory":
+            raise TraceError(
+                path, None, "a directory: name a trace file (analyze --from DIR reads a directory)"
+            ) from None
+        raise TraceError(path, None, f"not a regular file (a {e.kind}): name a trace file") from None
     except OSError as e:
         raise TraceError(path, None, f"cannot open: {e.strerror}") from None
     with f:
-        if f.read(2) == GZIP_MAGIC:
+        try:
+            if f.read(2) == GZIP_MAGIC:
+                f.seek(0)
+                yield from _iter_gzip(f, reader)
+                return
             f.seek(0)
-            yield from _iter_gzip(f, reader)
-            return
-        f.seek(0)
-        lineno = 0
-        for raw in f:
-            lineno += 1
-            if raw.endswith(b"\n"):
-                yield from reader.parse(lineno, raw)
-                continue
-            # Only the last line can lack its newline: a recorder killed mid-write.
-            try:
-                yield from reader.parse(lineno, raw)
-            except TraceError:
-                if lineno == 1:
-                    raise
-                reader.warnings.append(f"{path}:{lineno}: partial last line dropped (recorder was killed?)")
-        if lineno == 0:
-            raise TraceError(path, None, "empty file: not a gpumon trace")
+            lineno = 0
+            # a line is read to at most MAX_LINE_BYTES + 1 bytes: a longer one is refused unread
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                lineno += 1
+                if raw.endswith(b"\n") or len(raw) > MAX_LINE_BYTES:
+                    yield from reader.parse(lineno, raw)
+                    continue
+                # Only the last line can lack its newline: a recorder killed mid-write.
+                try:
+                    yield from reader.parse(lineno, raw)
+                except TraceError:
+                    if lineno == 1:
+                        raise
+                    reader.warn(
+                        "partial", f"{path}:{lineno}: partial last line dropped (recorder was killed?)"
+                    )
+            if lineno == 0:
+                raise TraceError(path, None, "empty file: not a gpumon trace")
+        finally:
+            reader.finish()
 
 
 def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
@@ -123,10 +147,18 @@ def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
             except TraceError:
                 if lineno == 1:
                     raise
-                reader.warnings.append(
+                reader.warn(
+                    "partial",
                     f"{path}: record {lineno} (byte {offset}): partial last record dropped "
-                    "(recorder was killed?)"
+                    "(recorder was killed?)",
                 )
+    except TooCompressed as e:
+        raise TraceError(
+            path,
+            None,
+            f"byte {e.offset}: inflates to more than {MAX_RATIO} times its compressed size, which no "
+            "gpumon trace does (a decompression bomb?): refused",
+        ) from None
     except zlib.error as e:
         where = getattr(e, "offset", lines.offset)
         if lineno == 0:
@@ -141,9 +173,10 @@ def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
     if lineno == 0:
         raise TraceError(path, None, "empty compressed stream: not a gpumon trace")
     if not lines.trailer_seen:
-        reader.warnings.append(
+        reader.warn(
+            "torn",
             f"{path}: the compressed stream stops at byte {lines.offset} without its end "
-            "(the recorder was killed?): read to its last whole record"
+            "(the recorder was killed?): read to its last whole record",
         )
 
 
@@ -158,6 +191,24 @@ class _Reader:
         """Version 2: the compressed byte reached, named in errors."""
         self.wanted: Callable[[int], bool] | None = None
         """Only these GPU indices are read (analyze --gpu, and a worker's share)."""
+        self._kinds: dict[str, int] = {}
+        self.ignored = 0
+        """Records of unknown types since the last known one."""
+
+    def warn(self, kind: str, text: str) -> None:
+        """A warning, kept when it is among the first WARNINGS_PER_KIND of its kind."""
+        n = self._kinds[kind] = self._kinds.get(kind, 0) + 1
+        if n <= WARNINGS_PER_KIND:
+            self.warnings.append(text)
+
+    def finish(self) -> None:
+        """One line for each kind of warning that had more than were kept."""
+        for kind, n in self._kinds.items():
+            if n > WARNINGS_PER_KIND:
+                self.warnings.append(
+                    f"{self.path}: {n - WARNINGS_PER_KIND} more warning(s) like these ({kind})"
+                )
+        self._kinds.clear()
 
     def _error(self, lineno: int, reason: str) -> TraceError:
         if self.offset is None:
@@ -167,9 +218,14 @@ class _Reader:
     def parse(self, lineno: int, raw: bytes) -> Iterator[dict[str, Any] | Tick]:
         path = self.path
         if len(raw) > MAX_LINE_BYTES:
-            raise self._error(lineno, f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES} are read)")
+            raise self._error(
+                lineno,
+                f"a line of more than {MAX_LINE_BYTES} bytes (no gpumon record comes near): refused unread",
+            )
         try:
-            record = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+            record = json.loads(
+                raw, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int
+            )
         except UnicodeDecodeError:
             raise self._error(lineno, "not UTF-8 text") from None
         except json.JSONDecodeError as e:
@@ -188,7 +244,7 @@ class _Reader:
                 raise self._error(lineno, str(e)) from None
             kind = "tick"
         elif kind == "tick" and self.decoder is not None:
-            return  # version 2 ticks carry no type: this is some other record, ignored
+            kind = "tick (in a version 2 trace)"  # version 2 ticks carry no type: some other record
         if lineno == 1:
             yield self._header(lineno, record)
         elif kind == "tick":
@@ -208,7 +264,7 @@ class _Reader:
                     "recordings joined",
                 )
             if self.last_t is not None and tick.t_s == self.last_t:
-                self.warnings.append(f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
+                self.warn("repeated t_s", f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
                 return
             self.last_t = tick.t_s
             yield tick
@@ -216,7 +272,16 @@ class _Reader:
             yield record
         elif kind == "header":
             raise self._error(lineno, "a second header: two traces concatenated?")
-        # unknown record types: ignored, for forward compatibility
+        else:  # unknown record types: ignored, for forward compatibility, a bounded number at a time
+            self.ignored += 1
+            if self.ignored > MAX_IGNORED_IN_A_ROW:
+                raise self._error(
+                    lineno,
+                    f"{MAX_IGNORED_IN_A_ROW} records in a row of a type this gpumon does not know "
+                    f"({str(kind)[:40]!r}), and no tick: not a trace it can read (a newer gpumon's?)",
+                )
+            return
+        self.ignored = 0
 
     def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("type") != "header" or record.get("format") != FORMAT:

@@ -11,9 +11,14 @@ segments are ever deleted.
 
 Writing happens in the recorder's own thread, from a bounded queue: a slow or hung disk never holds
 up the sampler (a tick that finds the queue full is dropped, and counted). A write that fails (disk
-full, directory removed or unwritable) pauses recording: logged once, counted, the broken segment
-closed (it reads up to its last whole record); every RETRY_S a new segment is tried, and recording
-resumes (logged) when it opens and takes a tick.
+full, directory unwritable) pauses recording: logged once, counted, the broken segment closed (it
+reads up to its last whole record); every RETRY_S a new segment is tried, and recording resumes
+(logged) when it opens and takes a tick. After each write the open segment is checked to be still
+the file its path names (an fstat and a stat): a segment or directory removed or moved while being
+written pauses recording the same way, rather than filling a file nobody can read. A directory
+that was removed is not made again (it may have been a mount, or removed on purpose): recording
+resumes when it is back. A bug in the recorder pauses it too (logged once with its traceback),
+and it tries again every RETRY_S: it never stops for good while the daemon runs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 from gpumon.core.errors import OutputError
 from gpumon.core.model import Tick
+from gpumon.core.threads import named_thread
 from gpumon.trace.records import make_header
 from gpumon.trace.segments import list_segments, segment_name
 from gpumon.trace.writer import TraceWriterV2
@@ -99,11 +105,13 @@ class Recorder:
         self._closed_bytes = 0
         """Bytes of the segments this recorder wrote and closed."""
         self._newest_unix = 0.0
+        self._made_directory = False
+        """The directory was there (or made) once: if it goes, it is waited for, not made again."""
 
     # -- the sampler's side ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpumon-recorder", daemon=True)
+        self._thread = named_thread(self._run, "gpumon-recorder")
         self._thread.start()
 
     def submit(self, tick: Tick) -> None:
@@ -146,21 +154,29 @@ class Recorder:
                     self._end_segment("stopped")
                     return
                 self._record(tick)
-            except Exception:  # a bug here must not take the daemon down: stop recording, say so
-                log.exception("recorder: stopped by an internal error")
-                self._set(up=False, paused_reason="internal error (see the log)")
-                self._end_segment(None)
-                self._drain()
-                return
+            except Exception:  # a bug here must not take the daemon down: pause, say so, retry
+                self._internal_error(tick)
+                if tick is None:
+                    return
             finally:
                 self._queue.task_done()
 
-    def _drain(self) -> None:
-        while True:
-            tick = self._queue.get()
-            self._queue.task_done()
-            if tick is None:
-                return
+    def _internal_error(self, tick: Tick | None) -> None:
+        unix = tick.t_s + self._unix_offset() if tick is not None else self._newest_unix
+        if self._paused_since is None:
+            log.exception("recorder: paused by an internal error; retrying every %g s", RETRY_S)
+            self._paused_since = unix
+        self._retry_at = unix + RETRY_S
+        self._not_recorded += 1
+        self._dropped(1)
+        self._error("internal error (see the log)")
+        w, self._writer = self._writer, None
+        if w is not None:
+            try:
+                w.close(None, None)
+            except Exception:  # releasing the file is all that is wanted here
+                pass
+            self._closed_bytes += w.bytes
 
     def _record(self, tick: Tick) -> None:
         unix = tick.t_s + self._unix_offset()
@@ -180,6 +196,14 @@ class Recorder:
             if writer is None:
                 writer = self._new_segment(tick, unix, bucket)
             writer.write_tick(tick)
+            if not writer.still_at_path():
+                gone = not os.path.isdir(self.directory)
+                raise OutputError(
+                    f"{self.directory}: removed or moved while recording into it; recording resumes "
+                    "when it is back (mkdir it, or restart gpumon)"
+                    if gone
+                    else f"{writer.path}: the segment was removed or replaced while being written"
+                )
         except OutputError as e:
             self._pause(unix, e)
             return
@@ -204,10 +228,16 @@ class Recorder:
             self._retention(unix)
 
     def _new_segment(self, tick: Tick, unix: float, bucket: int) -> TraceWriterV2:
+        if self._made_directory and not os.path.isdir(self.directory):
+            raise OutputError(
+                f"{self.directory}: removed or moved while recording into it; recording resumes when "
+                "it is back (mkdir it, or restart gpumon)"
+            )
         try:
             os.makedirs(self.directory, mode=0o750, exist_ok=True)
         except OSError as e:
             raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
+        self._made_directory = True
         origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
         header = make_header(self._source, self._interval_s)
         header["started_unix_s"] = round(unix - self._interval_s, 6)

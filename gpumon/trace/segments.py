@@ -1,12 +1,21 @@
 """The flight recorder's directory: segment files named after the Unix time of their first tick
-(`gpumon-20261130T140000Z.jsonl.gz`), listed oldest first; any other file is not gpumon's."""
+(`gpumon-20261130T140000Z.jsonl.gz`), listed oldest first; any other file is not gpumon's.
+
+Only regular files count as segments: a FIFO, a device, a directory or a symlink named like one
+is passed over (a FIFO would block the reader, a symlink may point at any file), as is a name
+whose time is not a real one (`gpumon-20261399T999999Z.jsonl.gz`); each is named in the warnings
+of whoever lists the directory, and never deleted.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from gpumon.core.files import kind_of
 
 SEGMENT_RE = re.compile(r"^gpumon-(\d{8}T\d{6}Z)(?:-(\d+))?\.jsonl\.gz$")
 
@@ -21,7 +30,15 @@ def segment_start(name: str) -> float | None:
     m = SEGMENT_RE.match(name)
     if m is None:
         return None
-    return datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    try:
+        return datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:  # month 13, second 99: named like a segment, but not one of gpumon's
+        return None
+
+
+def looks_like_segment(name: str) -> bool:
+    """Named like a segment (a file gpumon may have written, or a stray copy of one)."""
+    return name.startswith("gpumon-") and name.endswith(".jsonl.gz")
 
 
 @dataclass(frozen=True)
@@ -31,8 +48,10 @@ class Segment:
     bytes: int
 
 
-def list_segments(directory: str) -> list[Segment]:
-    """The segments in `directory`, oldest first (files named otherwise are not gpumon's)."""
+def list_segments(directory: str, skipped: list[str] | None = None) -> list[Segment]:
+    """The segments in `directory`, oldest first (files named otherwise are not gpumon's). What is
+    named like a segment but is not one (a bad time in its name, not a regular file) is passed
+    over and, when `skipped` is given, named there."""
     out = []
     try:
         entries = list(os.scandir(directory))
@@ -41,12 +60,18 @@ def list_segments(directory: str) -> list[Segment]:
     for e in entries:
         start = segment_start(e.name)
         if start is None:
+            if skipped is not None and looks_like_segment(e.name):
+                skipped.append(f"{e.path}: skipped: named like a segment, but its name is not a time")
             continue
         try:
-            size = e.stat().st_size
+            st = e.stat(follow_symlinks=False)  # from the directory listing: nothing is opened
         except OSError:
             continue
-        out.append(Segment(e.path, start, size))
+        if not stat.S_ISREG(st.st_mode):
+            if skipped is not None:
+                skipped.append(f"{e.path}: skipped: not a regular file (a {kind_of(st.st_mode)})")
+            continue
+        out.append(Segment(e.path, start, st.st_size))
     out.sort(key=lambda s: (s.start_unix_s, s.path))
     return out
 

@@ -96,6 +96,10 @@ class TraceWriterV2:
         self.ticks += 1
         self.last_t_s = round(tick.t_s - self._origin, 6)
 
+    def still_at_path(self) -> bool:
+        """False once the file was removed or replaced behind the writer's back."""
+        return self._out.still_at_path()
+
     def close(self, t_s: float | None, reason: str | None) -> None:
         """`t_s` on the file's own clock (`last_t_s`); no end record when `reason` is None."""
         try:

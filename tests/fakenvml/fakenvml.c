@@ -711,16 +711,26 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, 
     return NVML_SUCCESS;
 }
 /* Delivers each scripted XID once, to the first registered set that waits after its time; no GPU
- * loss check here: a GPU that falls off the bus reports its XID (79) while it is lost. */
+ * loss check here: a GPU that falls off the bus reports its XID (79) while it is lost. Blocks as a
+ * real driver does (it sleeps in the kernel): one sleep until the next scripted XID or the timeout,
+ * never a polling loop, so an idle daemon's waiting thread costs what it would on a GPU machine. */
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     ENTER(NULL);
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long waited_us = 0, budget = (unsigned long long)timeout_ms * 1000ULL;
+    /* the timeout runs on the real clock; the scripted times on the timeline's (which may be frozen) */
+    const char *frozen = getenv("FAKENVML_NOW_US");
+    int still = frozen && *frozen;
+    unsigned long long deadline = realtime_us() + (unsigned long long)timeout_ms * 1000ULL;
     for (;;) {
-        unsigned long long t = now_us();
+        unsigned long long t = now_us(), real = realtime_us();
+        unsigned long long left = deadline > real ? deadline - real : 0;
         pthread_mutex_lock(&event_lock);
         for (int k = 0; k < nxids; k++) {
-            if (xids[k].delivered || t < xids[k].at || !(set->registered[xids[k].gpu] & XID_CRITICAL)) continue;
+            if (xids[k].delivered || !(set->registered[xids[k].gpu] & XID_CRITICAL)) continue;
+                if (t < xids[k].at) {
+                if (!still && xids[k].at - t < left) left = xids[k].at - t;
+                continue;
+            }
             xids[k].delivered = 1;
             data->device = &handles[xids[k].gpu];
             data->eventType = XID_CRITICAL;
@@ -731,10 +741,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
             return NVML_SUCCESS;
         }
         pthread_mutex_unlock(&event_lock);
-        if (waited_us >= budget) return NVML_ERROR_TIMEOUT;
-        unsigned long long step = budget - waited_us < 10000 ? budget - waited_us : 10000;
-        usleep((useconds_t)step);
-        waited_us += step;
+        if (real >= deadline) return NVML_ERROR_TIMEOUT;
+        /* a frozen timeline moves only when the test sets FAKENVML_NOW_US: look again every 20 ms */
+        if (still && left > 20000ULL) left = 20000ULL;
+        struct timespec ts = {(time_t)(left / 1000000ULL), (long)(left % 1000000ULL) * 1000L};
+        while (nanosleep(&ts, &ts) != 0) {}
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from gpumon.core.guard import Abandoned, CallGuard
+from gpumon.core.threads import named_thread
 
 log = logging.getLogger("gpumon.supervisor")
 
@@ -67,7 +68,7 @@ class Supervisor:
                 box.append((False, e))
             done.set()
 
-        worker = threading.Thread(target=work, name=self.name, daemon=True)
+        worker = named_thread(work, self.name)
         worker.start()
         return worker, done, box
 

@@ -11,35 +11,61 @@ Sources, tried in order for each GPU (docs/fleet.md):
    prolog and no privilege needed; it sees only processes in this PID namespace.
 
 Bad input never stops the others: a file that is empty, unreadable, garbage, or from an earlier
-boot is skipped, with one log line per file (until it changes). Reading is cheap: a directory
-listing per tick, and a file read again only when its modification time changes; a process's
-cgroup is read once (it does not change jobs).
+boot is skipped, with one log line per file (until it changes), for the first LOGGED_FILES such
+files (the rest in one line with their count). Only regular files are read (a FIFO would block
+the sampler, a device never end; a symlink is not followed), MAX_FILE_BYTES at most.
+
+Reading is cheap and bounded: the directory is listed again only when it changes (or every
+RESCAN_S), at most MAX_FILES job files are kept, at most MAX_READS_PER_TICK files are read in one
+tick (the rest in the next ones), and a GPU names at most MAX_JOBS_PER_GPU jobs (the newest).
+
+A job whose epilog never ran (a node that crashed, a killed epilog) would stay on its GPU beside
+the next job until reboot. So a mapped job is dropped, with one log line, when it is seen to be
+over: where Slurm keeps its jobs in cgroups (`/sys/fs/cgroup/system.slice/slurmstepd.scope`, or
+v1's `.../slurm/uid_*/`), when its `job_<id>` cgroup is gone; and when the GPU's processes all
+belong to other Slurm jobs (by their cgroups). A process's cgroup is read once (it does not change
+jobs); only Slurm's own cgroup paths name a job (a user can create `.../slurm/job_777` under their
+own systemd slice).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pwd
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpumon.collect.sources.kubelet import KubeletClient, device_key, pod_ref
+from gpumon.core.files import read_regular
 from gpumon.core.model import AttributionStatus, GpuSample, JobRef
 from gpumon.core.problems import Problems
 
 log = logging.getLogger("gpumon.jobs")
 
 DEFAULT_JOBS_DIR = "/run/gpumon/jobs"
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 _FILE = re.compile(r"^gpu(\d+)\.job([0-9A-Za-z_.+-]+)$")
-_V2 = re.compile(r"/job_(\d+)(?:/step_([0-9a-z_]+))?")
+_V2 = re.compile(r"^/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)(?:/step_([0-9a-z_]+))?(?:/|$)")
+"""cgroup v2: slurmstepd's own scope (`<nodename>_slurmstepd.scope` with several slurmds)."""
 _POD = re.compile(
     r"kubepods[^:]*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
 _CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
-_V1 = re.compile(r"/slurm/uid_(\d+)/job_(\d+)(?:/step_([0-9a-z_]+))?")
+_V1 = re.compile(r"^/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)(?:/step_([0-9a-z_]+))?(?:/|$)")
+"""cgroup v1: Slurm's hierarchy at the root of a controller (`/slurm_<nodename>` with several)."""
 MAX_FILE_BYTES = 4096
+MAX_FILES = 4096
+"""Job files kept from one directory: a node runs a few jobs per GPU at most."""
+MAX_READS_PER_TICK = 64
+MAX_JOBS_PER_GPU = 16
+LOGGED_FILES = 10
+RESCAN_S = 30.0
+"""The directory is listed again at least this often (a file rewritten in place), else when it changes."""
+ALIVE_CHECK_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +73,9 @@ class MappedJob:
     gpu_index: int
     gpu_uuid: str | None
     ref: JobRef
+    job_id: str = ""
+    """Slurm's own id of the job (an array task's too), as its cgroup names it."""
+    uid: int | None = None
 
 
 def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
@@ -75,12 +104,20 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
     array = values.get("array_job_id")
     task = values.get("array_task_id")
     shown = f"{array}_{task}" if array and task else job
-    try:
-        started: float | None = float(values["written_unix_s"]) if "written_unix_s" in values else None
-    except ValueError:
-        raise ValueError("written_unix_s is not a number") from None
+    started: float | None = None
+    if "written_unix_s" in values:
+        try:
+            started = float(values["written_unix_s"])
+        except ValueError:
+            raise ValueError("written_unix_s is not a number") from None
+        if not 0 < started < 1e11:  # NaN and infinities too: they would reach the state API's JSON
+            raise ValueError(f"written_unix_s is not a time: {values['written_unix_s'][:30]!r}")
+    uid_text = values.get("uid", "")
+    uid = int(uid_text) if uid_text.isdigit() and len(uid_text) < 11 else None
     ref = JobRef(values.get("scheduler") or "slurm", shown, values.get("user") or None, None, "prolog")
-    return MappedJob(int(m.group(1)), values.get("gpu_uuid") or None, ref._replace(started_unix_s=started))
+    return MappedJob(
+        int(m.group(1)), values.get("gpu_uuid") or None, ref._replace(started_unix_s=started), job, uid
+    )
 
 
 def parse_pod_cgroup(text: str) -> tuple[str, str | None] | None:
@@ -99,13 +136,12 @@ def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
     """/proc/PID/cgroup -> (job id, step, uid) of a Slurm job, or None."""
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        m1 = _V1.search(path)
+        m1 = _V1.match(path)
         if m1:
             return m1.group(2), m1.group(3), int(m1.group(1))
-        if "slurm" in path:
-            m2 = _V2.search(path)
-            if m2:
-                return m2.group(1), m2.group(2), None
+        m2 = _V2.match(path)
+        if m2:
+            return m2.group(1), m2.group(2), None
     return None
 
 
@@ -113,6 +149,9 @@ def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
 class _Cached:
     mtime_ns: int
     job: MappedJob | None
+    alive_checked: float = -math.inf
+    over: str | None = None
+    """Why the job is over (its epilog missed), once seen: then it is not named."""
 
 
 @dataclass
@@ -126,7 +165,15 @@ class JobSource:
     proc: str = "/proc"
     kubelet: KubeletClient | None = None
     name: str = "jobs"
+    cgroup_root: str = DEFAULT_CGROUP_ROOT
+    clock: Callable[[], float] = time.monotonic
     _files: dict[str, _Cached] = field(default_factory=dict)
+    _listing: tuple[int, float, list[tuple[str, str]]] | None = None
+    """(directory mtime, when listed, [(name, path)] of job files) from the last listing."""
+    _bad: set[str] = field(default_factory=set)
+    """Files skipped as bad now (the first LOGGED_FILES are logged by name)."""
+    _raw_ids: dict[JobRef, str] = field(default_factory=dict)
+    """A mapped job as shown (an array task as 70_7) -> Slurm's own id of it (77)."""
     _dcgm: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
     _pid_jobs: dict[int, JobRef | None] = field(default_factory=dict)
     _users: dict[int, str | None] = field(default_factory=dict)
@@ -169,6 +216,15 @@ class JobSource:
             for r in by_index.get(g.index, ()):
                 if r not in refs:
                     refs.append(r)
+            if refs and self.cgroups and g.processes:
+                refs = self._drop_finished(g, refs)
+            if len(refs) > MAX_JOBS_PER_GPU:
+                self.problems.note(
+                    f"jobs:many:{g.index}",
+                    f"jobs: GPU {g.index} is named by {len(refs)} jobs; only the newest {MAX_JOBS_PER_GPU} "
+                    "are shown (are epilogs missing?)",
+                )
+                refs = sorted(refs, key=lambda r: -(r.started_unix_s or 0.0))[:MAX_JOBS_PER_GPU]
             if not refs and self.cgroups:
                 refs = self._from_cgroups(p.pid for p in g.processes)
             live_pids.update(p.pid for p in g.processes)
@@ -201,35 +257,92 @@ class JobSource:
     ) -> tuple[bool, str | None]:
         assert self.jobs_dir is not None
         try:
-            entries = {e.name: e for e in os.scandir(self.jobs_dir) if not e.name.startswith(".")}
+            entries = self._list_jobs_dir(self.jobs_dir)
         except FileNotFoundError:
             self._files.clear()
+            self._listing = None
             return True, None  # no job has run since boot (the prolog makes it): nothing to say
         except OSError as e:
             self.problems.note("jobs:dir", f"jobs: cannot read {self.jobs_dir}: {e.strerror}")
             return False, f"cannot read {self.jobs_dir}: {e.strerror}"
         self.problems.clear("jobs:dir")
-        for gone in set(self._files) - set(entries):
+        names = {name for name, _ in entries}
+        for gone in set(self._files) - names:
             del self._files[gone]
-            self.problems.clear(f"jobs:file:{gone}")
-        for name, entry in entries.items():
+            self._forget_bad(gone)
+        reads = 0
+        now = self.clock()
+        self._raw_ids = {}
+        for name, path in entries:
+            cached = self._files.get(name)
             try:
-                mtime = entry.stat().st_mtime_ns
+                mtime = os.stat(path, follow_symlinks=False).st_mtime_ns
             except OSError:
                 continue
-            cached = self._files.get(name)
             if cached is None or cached.mtime_ns != mtime:
-                cached = self._files[name] = _Cached(mtime, self._read_file(entry.path, name))
-            if cached.job is not None:
-                by_index.setdefault(cached.job.gpu_index, []).append(cached.job.ref)
-                if cached.job.gpu_uuid:
-                    by_uuid.setdefault(cached.job.gpu_uuid, []).append(cached.job.ref)
+                if reads >= MAX_READS_PER_TICK:
+                    continue  # read in the next ticks: a tick's cost stays bounded
+                reads += 1
+                cached = self._files[name] = _Cached(mtime, self._read_file(path, name))
+            job = cached.job
+            if job is None:
+                continue
+            if now - cached.alive_checked >= ALIVE_CHECK_S and cached.over is None:
+                cached.alive_checked = now
+                cached.over = self._over(job)
+                if cached.over is not None:
+                    self.problems.note(
+                        f"jobs:over:{name}",
+                        f"jobs: {path}: job {job.job_id} is over ({cached.over}) but its file is still "
+                        "here (a missed epilog?): not named",
+                    )
+            if cached.over is not None:
+                continue
+            self._raw_ids[job.ref] = job.job_id
+            by_index.setdefault(job.gpu_index, []).append(job.ref)
+            if job.gpu_uuid:
+                by_uuid.setdefault(job.gpu_uuid, []).append(job.ref)
         return True, None
+
+    def _list_jobs_dir(self, directory: str) -> list[tuple[str, str]]:
+        """(name, path) of the job files, listed again when the directory changed or every
+        RESCAN_S; at most MAX_FILES (the rest counted, said once)."""
+        st = os.stat(directory)
+        now = self.clock()
+        if self._listing is not None:
+            mtime, when, entries = self._listing
+            if mtime == st.st_mtime_ns and now - when < RESCAN_S:
+                return entries
+        found: list[tuple[str, str]] = []
+        total = 0
+        seen: set[str] = set()
+        with os.scandir(directory) as it:
+            for e in it:
+                seen.add(e.name)
+                if e.name.startswith(".") or not _FILE.match(e.name):
+                    if not e.name.startswith("."):
+                        self._skip(e.name, e.path, "not a gpumon job file name (gpu<INDEX>.job<JOBID>)")
+                    continue
+                total += 1
+                if len(found) < MAX_FILES:
+                    found.append((e.name, e.path))
+        for gone in self._bad - seen:
+            self._forget_bad(gone)
+        if total > MAX_FILES:
+            self.problems.note(
+                "jobs:too-many",
+                f"jobs: {directory} holds {total} job files, more than {MAX_FILES}: only {MAX_FILES} "
+                "are read (are epilogs missing?)",
+            )
+        else:
+            self.problems.clear("jobs:too-many")
+        self._listing = (st.st_mtime_ns, now, found)
+        return found
 
     def _read_file(self, path: str, name: str) -> MappedJob | None:
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+            # only a regular file (a FIFO would block this thread), never through a symlink
+            data = read_regular(path, MAX_FILE_BYTES, follow_symlinks=False)
             if len(data) > MAX_FILE_BYTES:
                 raise ValueError("too large to be a job file")
             job = parse_mapping_file(name, data.decode("utf-8"), self._boot_id)
@@ -239,10 +352,69 @@ class JobSource:
                 if isinstance(e, OSError)
                 else ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e))
             )
-            self.problems.note(f"jobs:file:{name}", f"jobs: {path} skipped: {why}")
+            self._skip(name, path, why)
             return None
-        self.problems.clear(f"jobs:file:{name}")
+        self._forget_bad(name)
         return job
+
+    def _skip(self, name: str, path: str, why: str | None) -> None:
+        """A bad file: logged by name for the first LOGGED_FILES, then counted in one line."""
+        if name not in self._bad and len(self._bad) >= LOGGED_FILES:
+            self.problems.note(
+                "jobs:files",
+                f"jobs: more than {LOGGED_FILES} files skipped in {self.jobs_dir}; not logged one by one",
+            )
+            return
+        self._bad.add(name)
+        self.problems.note(f"jobs:file:{name}", f"jobs: {path} skipped: {why}")
+
+    def _forget_bad(self, name: str) -> None:
+        if name in self._bad:
+            self._bad.discard(name)
+            self.problems.clear(f"jobs:file:{name}")
+        self.problems.clear(f"jobs:over:{name}")
+        if len(self._bad) < LOGGED_FILES:
+            self.problems.clear("jobs:files")
+
+    def _over(self, job: MappedJob) -> str | None:
+        """Why the mapped job is known to be over, from Slurm's cgroups; None when it runs or
+        cannot be told (Slurm without cgroups)."""
+        v2 = os.path.join(self.cgroup_root, "system.slice")
+        try:
+            scopes = [e.path for e in os.scandir(v2) if e.name.endswith("slurmstepd.scope")]
+        except OSError:
+            scopes = []
+        if scopes:
+            if any(os.path.isdir(os.path.join(sc, f"job_{job.job_id}")) for sc in scopes):
+                return None
+            return "no Slurm cgroup of it"
+        for controller in ("freezer", "cpuset", "memory"):
+            root = os.path.join(self.cgroup_root, controller, "slurm")
+            if os.path.isdir(root):
+                uids = [f"uid_{job.uid}"] if job.uid is not None else _listdir(root)
+                if any(os.path.isdir(os.path.join(root, u, f"job_{job.job_id}")) for u in uids):
+                    return None
+                return "no Slurm cgroup of it"
+        return None
+
+    def _drop_finished(self, g: GpuSample, refs: list[JobRef]) -> list[JobRef]:
+        """A prolog's job on a GPU whose processes all belong to other Slurm jobs is over."""
+        running = {r.job_id for r in self._from_cgroups(p.pid for p in g.processes) if r.scheduler == "slurm"}
+        if not running:
+            return refs  # nothing to tell by (no process in a Slurm cgroup seen from here)
+        kept = []
+        for r in refs:
+            mapped = self._raw_ids.get(r, r.job_id)
+            if r.via == "prolog" and mapped not in running:
+                self.problems.note(
+                    f"jobs:over:gpu{g.index}.job{mapped}",
+                    f"jobs: GPU {g.index}: job {mapped} is over (the GPU's processes are job "
+                    f"{', '.join(sorted(running))}'s) but its file is still here (a missed epilog?): "
+                    "not named",
+                )
+                continue
+            kept.append(r)
+        return kept
 
     # -- dcgm-exporter's layout --------------------------------------------------------------------
 
@@ -259,8 +431,8 @@ class JobSource:
                 mtime = entry.stat().st_mtime_ns
                 cached = self._dcgm.get(entry.name)
                 if cached is None or cached[0] != mtime:
-                    with open(entry.path, "rb") as f:
-                        text = f.read(MAX_FILE_BYTES).decode("utf-8")
+                    # a regular file only: a FIFO would block the sampler
+                    text = read_regular(entry.path, MAX_FILE_BYTES)[:MAX_FILE_BYTES].decode("utf-8")
                     ids = tuple(ln.strip() for ln in text.splitlines() if ln.strip())
                     if any(not re.fullmatch(r"[0-9A-Za-z_.+-]{1,64}", i) for i in ids):
                         raise ValueError("not one job id per line")
@@ -314,6 +486,13 @@ class JobSource:
             except KeyError:
                 self._users[uid] = str(uid)
         return self._users[uid]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _why_none(g: GpuSample, kubelet_down: bool) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gpumon.core.model import JobRef
 from gpumon.core.problems import Problems
+from gpumon.core.threads import named_thread
 
 log = logging.getLogger("gpumon.kubelet")
 
@@ -105,7 +106,7 @@ class KubeletClient:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpumon-kubelet", daemon=True)
+            self._thread = named_thread(self._loop, "gpumon-kubelet")
             self._thread.start()
 
     def stop(self) -> None:

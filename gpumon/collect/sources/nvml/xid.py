@@ -19,6 +19,7 @@ from typing import Any
 from gpumon.collect.sources.nvml.codes import TIMEOUT, code_of
 from gpumon.core.model import XidCount
 from gpumon.core.problems import Problems
+from gpumon.core.threads import named_thread
 
 log = logging.getLogger("gpumon.xid")
 
@@ -26,7 +27,9 @@ XID_CRITICAL_ERROR = 0x8
 """nvmlEventTypeXidCriticalError (nvml.h)."""
 NO_INSTANCE = 0xFFFFFFFF
 """gpuInstanceId of an event not attributable to one MIG instance."""
-DEFAULT_WAIT_MS = 500
+DEFAULT_WAIT_MS = 1000
+"""One wake-up a second while no event comes (the driver sleeps in the kernel meanwhile); a stop is
+obeyed within it, and stop() waits 1.5 s."""
 
 Key = tuple[int, int | None]
 """(GPU index, MIG GPU instance id or None)."""
@@ -86,7 +89,7 @@ class XidWatcher:
     def start(self) -> None:
         if self._set is None or self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="gpumon-xid", daemon=True)
+        self._thread = named_thread(self._run, "gpumon-xid")
         self._thread.start()
 
     def _run(self) -> None:
