@@ -1,0 +1,304 @@
+"""What a fix buys, proved on real runs: gpumon's predicted speed-up against the measured one.
+
+    .venv/bin/python -m benchmarks.advice [--out DIR] [--only PATTERN,...] [--offline] [--duration 40]
+
+Each setup is a Keras bench job (`gpumon bench`, driving a simulated GPU; docs/benchmarks.md)
+recorded by `gpumon record --drive`. For each setup, gpumon's prediction is read from its trace
+exactly as `gpumon analyze` makes it (the worst starved episode's advice; for data-parallel
+ranks, the straggler's): the predicted speed-up of the next candidate change (one loader worker
+more), and the change it recommends. Then the job is run with that change, and its steps per
+second (the median of the job's own 5 s truth windows, less the first) are compared with today's:
+- error: |predicted - measured| / measured, over the setups with a number (not "cannot predict");
+- "no gain" right: gpumon said one worker more gains nothing (under 1.10x), and it measured
+  under 1.10x;
+- the recommended change: its measured steps per second against today's (never slower is the goal);
+  it is run too where it is not one of the matrix's runs, up to --max-workers workers.
+
+Setups: starved-cpu, jpeg and starved-io with 1, 2 and 3 loader workers, with and without two CPU
+hogs (CPU-bound neighbours, each in a session of its own: other users' jobs), and one straggling
+rank of `--gpus 2`. A run of each worker count is shared by the setup it is the change of and the
+setup it is (runs of one pipeline and hog count follow each other, so the machine's load drifts
+little between a setup and its change). Runs found in --dir are reused (a second invocation
+re-analyzes them); every run's trace, drive file and truth stay there. `--only 'jpeg-*'` runs
+(and prints) the setups whose names match (shell-style patterns, comma-separated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.driven import record_bench
+from gpumon.analyze.trace_report import Analysis, analyze
+from gpumon.detect.evidence import Evidence
+from gpumon.detect.remedies import NO_GAIN, Advice, Kind
+
+PIPELINES = ("starved-cpu", "jpeg", "starved-io")
+WORKERS = (1, 2, 3)
+HOGS = (0, 2)
+RANK_PIPELINE = "starved-cpu"
+STRAGGLER = 1
+
+
+@dataclass(frozen=True)
+class Setup:
+    pipeline: str
+    workers: int
+    hogs: int = 0
+    ranks: int = 1
+
+    @property
+    def name(self) -> str:
+        ranks = f"-ranks{self.ranks}" if self.ranks > 1 else ""
+        return f"{self.pipeline}-w{self.workers}-h{self.hogs}{ranks}"
+
+    def with_workers(self, n: int) -> Setup:
+        return Setup(self.pipeline, n, self.hogs, self.ranks)
+
+    def bench_args(self, duration_s: float) -> list[str]:
+        args = ["--workers", str(self.workers), "--cpu-hogs", str(self.hogs), "--duration", f"{duration_s:g}"]
+        if self.ranks > 1:
+            return ["--gpus", str(self.ranks), "--straggler", f"{STRAGGLER}:{self.pipeline}", *args]
+        return ["--pipeline", self.pipeline, *args]
+
+
+def setups() -> list[Setup]:
+    out = [Setup(p, w, h) for h in HOGS for p in PIPELINES for w in WORKERS]
+    return [*out, Setup(RANK_PIPELINE, 1, 0, ranks=2)]
+
+
+@dataclass
+class Run:
+    steps_per_s: float
+    """The median of the repeats' steps per second."""
+    advice: Advice | None
+    """The first repeat's advice (what gpumon said of that run)."""
+    label: str
+    predicted: float | None = None
+    """The median over the repeats of the next change's predicted speed-up (None: cannot predict)."""
+    spread: float = 0.0
+    """The repeats' steps per second, highest over lowest, less 1: the run-to-run noise."""
+    others_cores: float | None = None
+    """Other processes' CPU while the job trained (host busy less the job's), median: what
+    changes under a prediction when other users' load comes or goes between two runs."""
+
+
+class NotRecorded(Exception):
+    """--offline, and a run that is not in --dir."""
+
+
+def run_once(folder: Path, setup: Setup, duration_s: float, offline: bool = False) -> Path:
+    """The setup's run in `folder` (recorded now unless it is there already)."""
+    if not (folder / "truth.jsonl").exists() or not (folder / "trace.jsonl").exists():
+        if offline:
+            raise NotRecorded(folder.name)
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        record_bench(folder, *setup.bench_args(duration_s))
+        print(f"  recorded {setup.name}", file=sys.stderr, flush=True)
+    return folder
+
+
+def measure(folder: Path, setup: Setup) -> Run:
+    windows = [json.loads(x) for x in (folder / "truth.jsonl").read_text().splitlines() if x.strip()]
+    if setup.ranks > 1:
+        windows = [w for w in windows if w.get("gpu") == 0]  # the ranks step together
+    rates = [w["steps_per_s"] for w in windows[1:] if w.get("steps_per_s")]  # the first: warm-up
+    if not rates:
+        sys.exit(f"{folder}: no truth windows with steps per second")
+    a = analyze(str(folder / "trace.jsonl"))
+    gpu = STRAGGLER if setup.ranks > 1 else 0
+    report = next(g for g in a.gpus if g.index == gpu)
+    return Run(statistics.median(rates), report.fix, report.main_label, others_cores=_others(a))
+
+
+def _others(a: Analysis) -> float | None:
+    """The median, over the ticks where every GPU's job is seen, of the host's busy cores less the
+    jobs' (the ranks' together)."""
+    by_t: dict[float, list[Evidence]] = {}
+    for g in a.gpus:
+        for v in g.verdicts:
+            by_t.setdefault(v.t_s, []).append(v.evidence)
+    found = []
+    for evs in by_t.values():
+        e = evs[0]
+        jobs = [x.job_cpu_cores for x in evs if x.has_job]
+        if not jobs or any(j is None for j in jobs) or e.host_cpu_ratio is None or not e.cpu_count:
+            continue
+        found.append(e.host_cpu_ratio * e.cpu_count - sum(j for j in jobs if j is not None))
+    return statistics.median(found) if found else None
+
+
+def next_change(advice: Advice | None) -> float | None:
+    """The predicted speed-up of one loader worker more: 1.0 where gpumon says nothing on the
+    input side can gain (fed); None where it cannot predict."""
+    if advice is None or advice.kind == Kind.CANNOT:
+        return None
+    if advice.kind == Kind.GPU_LIMIT or not advice.candidates:
+        return 1.0
+    return advice.candidates[0].speedup
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=40.0, help="seconds each job trains (default 40)")
+    ap.add_argument(
+        "--out", "--dir", dest="dir", help="where runs are kept and reused (default: a temporary folder)"
+    )
+    ap.add_argument(
+        "--only",
+        "--setups",
+        dest="setups",
+        help="only the setups whose names (as printed) match these shell-style patterns, comma-separated",
+    )
+    ap.add_argument(
+        "--max-workers",
+        type=int,
+        default=9,
+        help="run a recommended change up to this many workers (default 9); beyond, 'not run'",
+    )
+    ap.add_argument(
+        "--offline",
+        action="store_true",
+        help="record nothing: analyze the runs in --dir again (with this gpumon), leaving out setups "
+        "without runs",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each setup (default 1): steps per second and predictions are their medians",
+    )
+    args = ap.parse_args()
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gpumon-advice-"))
+    base.mkdir(parents=True, exist_ok=True)
+    chosen = setups()
+    if args.setups:
+        patterns = [p for p in args.setups.split(",") if p]
+        chosen = [s for s in chosen if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+        if not chosen:
+            sys.exit(f"no setup matches {args.setups!r}: " + ", ".join(s.name for s in setups()))
+    runs: dict[Setup, Run] = {}
+
+    def get(s: Setup) -> Run:
+        if s not in runs:
+            repeats = []
+            for r in range(args.repeats):
+                folder = base / (s.name if r == 0 else f"{s.name}-r{r + 1}")
+                repeats.append(measure(run_once(folder, s, args.duration, args.offline), s))
+            rates = [x.steps_per_s for x in repeats]
+            said = [p for p in (next_change(x.advice) for x in repeats) if p is not None]
+            others = [x.others_cores for x in repeats if x.others_cores is not None]
+            runs[s] = Run(
+                statistics.median(rates),
+                repeats[0].advice,
+                repeats[0].label,
+                statistics.median(said) if len(said) * 2 > len(repeats) else None,
+                max(rates) / min(rates) - 1,
+                statistics.median(others) if others else None,
+            )
+        return runs[s]
+
+    rows = []
+    for s in chosen:
+        try:
+            today = get(s)
+            after = get(s.with_workers(s.workers + 1))
+        except NotRecorded as e:
+            print(f"  {s.name}: no run {e} in {base} (--offline): left out", file=sys.stderr)
+            continue
+        predicted = today.predicted
+        measured = after.steps_per_s / today.steps_per_s
+        best = today.advice.best if today.advice is not None else None
+        rec: tuple[int, float, float | None] | None = None
+        missing = (
+            best is not None and args.offline and not (base / s.with_workers(best.workers or 0).name).exists()
+        )
+        if best is not None and best.workers is not None and best.workers <= args.max_workers and not missing:
+            rec = (
+                best.workers,
+                best.speedup,
+                get(s.with_workers(best.workers)).steps_per_s / today.steps_per_s,
+            )
+        elif best is not None and best.workers is not None:
+            rec = (best.workers, best.speedup, None)
+        rows.append((s, today, predicted, measured, rec, max(today.spread, after.spread), after))
+        print(
+            json.dumps({"setup": s.name, "predicted": predicted, "measured": round(measured, 3)}), flush=True
+        )
+    print(render(rows, base))
+
+
+Row = tuple[Setup, Run, float | None, float, tuple[int, float, float | None] | None, float, Run]
+OTHERS_CHANGED = 0.3
+"""Other processes' CPU (cores) moving this much between a setup's run and its change's: the host
+changed under the prediction (another user's work came or went)."""
+
+
+def render(rows: list[Row], base: Path) -> str:
+    lines = [
+        f"{'setup':28} {'steps/s':>7} {'gpumon says':14} {'+1 worker: predicted':>20} {'measured':>8} "
+        f"{'error':>6} {'noise':>6} {'others':>9}  recommended (predicted, measured)"
+    ]
+    errors, no_gain, rec_ratios, cannot, steady = [], [], [], 0, []
+    for s, today, predicted, measured, rec, noise, after in rows:
+        before_o, after_o = today.others_cores, after.others_cores
+        changed = before_o is None or after_o is None or abs(after_o - before_o) >= OTHERS_CHANGED
+        others = "?" if before_o is None or after_o is None else f"{before_o:.1f}>{after_o:.1f}"
+        if predicted is None:
+            cannot += 1
+            pred, err = "cannot predict", ""
+        else:
+            error = abs(predicted - measured) / measured
+            errors.append(error)
+            if not changed:
+                steady.append(error)
+            pred, err = f"{predicted:.2f}x", f"{error:.0%}"
+            if predicted < NO_GAIN:
+                no_gain.append(measured < NO_GAIN)
+        if rec is None:
+            rtext = "none (no gain)" if today.advice is not None and today.advice.no_gain else "-"
+        else:
+            w, p, m = rec
+            rtext = f"{s.workers} -> {w} ({p:.2f}x, " + ("not run" if m is None else f"{m:.2f}x") + ")"
+            if m is not None:
+                rec_ratios.append(m)
+        rate = f"{today.steps_per_s:7.2f}"
+        spread = f"{noise:.0%}" if noise else "-"
+        lines.append(
+            f"{s.name:28} {rate} {today.label:14} {pred:>20} {measured:7.2f}x {err:>6} {spread:>6} "
+            f"{others + ('*' if changed else ''):>9}  {rtext}"
+        )
+    med = statistics.median(errors) if errors else float("nan")
+    worst = max(errors) if errors else float("nan")
+    hit = f"{sum(no_gain)} of {len(no_gain)}" + (f" ({sum(no_gain) / len(no_gain):.0%})" if no_gain else "")
+    slowest = f"{min(rec_ratios):.2f}x" if rec_ratios else "n/a"
+    slower = sum(m < 1.0 for m in rec_ratios)
+    never = "n/a" if not rec_ratios else "yes" if not slower else f"no ({slower} slower)"
+    lines.append("")
+    lines.append(
+        f"summary: {len(rows)} setups, {len(errors)} predicted ({cannot} cannot predict): "
+        f'median error {med:.0%}, worst {worst:.0%}; "no gain" right {hit}; '
+        f"recommended change never slower: {never} (slowest {slowest} of today's steps/s, "
+        f"{len(rec_ratios)} run)"
+    )
+    if steady:
+        lines.append(
+            f"where other processes' CPU moved less than {OTHERS_CHANGED:g} cores between the two runs "
+            f"({len(steady)} setups; * marks the others): median error {statistics.median(steady):.0%}, "
+            f"worst {max(steady):.0%}"
+        )
+    lines.append(f"runs kept in {base}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
