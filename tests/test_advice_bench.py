@@ -1,0 +1,80 @@
+"""benchmarks/advice.py's matrix and summary, on made-up runs (the real runs take half an hour:
+docs/benchmarks.md): the figures the issue's goal is judged by must come out of the rows right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.advice import Run, Setup, next_change, render, setups
+from gpumon.detect.remedies import Advice, Candidate, Kind, Limit, cannot, fed
+from gpumon.detect.vocabulary import Cause
+
+
+def advice(next_speedup: float, best: tuple[int, float] | None) -> Advice:
+    step = Candidate("workers+1", 2, next_speedup, Limit.CPU)
+    named = None if best is None else Candidate("workers+x", best[0], best[1], Limit.GPU)
+    return Advice(Kind.PREDICTED, Cause.CPU, 4.0, 1, (step,), named, None, "", 20)
+
+
+def run(rate: float, a: Advice | None, others: float = 0.1) -> Run:
+    return Run(rate, a, "starved-cpu", next_change(a), 0.0, others)
+
+
+def test_the_matrix_has_the_issues_setups() -> None:
+    names = [s.name for s in setups()]
+    assert len(names) >= 12 and len(set(names)) == len(names)
+    for pipeline in ("starved-cpu", "jpeg", "starved-io"):
+        for workers in (1, 2, 3):
+            for hogs in (0, 2):
+                assert f"{pipeline}-w{workers}-h{hogs}" in names
+    assert any(s.ranks == 2 for s in setups())
+    assert Setup("jpeg", 2, 2).with_workers(3).bench_args(40) == [
+        "--pipeline",
+        "jpeg",
+        "--workers",
+        "3",
+        "--cpu-hogs",
+        "2",
+        "--duration",
+        "40",
+    ]
+    assert Setup("starved-cpu", 1, 0, ranks=2).bench_args(30)[:4] == [
+        "--gpus",
+        "2",
+        "--straggler",
+        "1:starved-cpu",
+    ]
+
+
+def test_the_next_change_is_one_worker_more_fed_is_no_gain_and_cannot_is_no_number() -> None:
+    assert next_change(advice(1.5, (3, 2.0))) == 1.5
+    assert next_change(fed()) == 1.0
+    assert next_change(cannot("hidden", Cause.CPU, 4.0, 20)) is None
+    assert next_change(None) is None
+
+
+def test_the_summary_gives_median_and_worst_error_no_gain_hits_and_a_slower_recommendation(
+    tmp_path: Path,
+) -> None:
+    a, b, c, d = (Setup("starved-cpu", w) for w in (1, 2, 3, 4))
+    rows = [
+        # predicted 1.5, measured 2.0: 25% off; the recommended 1 -> 3 measured 2.4x
+        (a, run(2.0, advice(1.5, (3, 2.0))), 1.5, 2.0, (3, 2.0, 2.4), 0.0, run(4.0, None)),
+        # "no gain" said (1.0), measured 1.05: right; 5% off
+        (b, run(4.0, advice(1.0, None)), 1.0, 1.05, None, 0.0, run(4.2, None)),
+        # "no gain" said, measured 1.25: wrong; 20% off; the neighbour's load moved (flagged *)
+        (c, run(4.0, advice(1.0, None), 1.0), 1.0, 1.25, None, 0.0, run(5.0, None, 0.1)),
+        # cannot predict: no error counted; a recommended change measured slower than today
+        (d, run(4.0, cannot("hidden", Cause.CPU, 4.0, 20)), None, 1.0, (6, 1.3, 0.9), 0.0, run(4.0, None)),
+    ]
+    text = render(rows, tmp_path)
+    summary = next(ln for ln in text.splitlines() if ln.startswith("summary: "))
+    assert summary == (
+        'summary: 4 setups, 3 predicted (1 cannot predict): median error 20%, worst 25%; "no gain" '
+        "right 1 of 2 (50%); recommended change never slower: no (1 slower) (slowest 0.90x of "
+        "today's steps/s, 2 run)"
+    )
+    assert "starved-cpu-w3-h0" in text and "1.0>0.1*" in text
+    assert "cannot predict" in text and "1 -> 3 (2.00x, 2.40x)" in text
+    steady = next(ln for ln in text.splitlines() if ln.startswith("where other processes' CPU"))
+    assert "(2 setups; * marks the others): median error 15%, worst 25%" in steady
