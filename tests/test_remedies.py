@@ -156,6 +156,23 @@ TABLE = [
         (2, 2.0, Limit.STORAGE),
     ),
     (
+        "a storage-bound reader on 2 cores beside two CPU hogs (a group each): the job wants less than "
+        "its third of the machine, so its CPU says nothing of the share; with the others at a core a "
+        "group it may grow to 0.67 cores: 2.7x",
+        replace(
+            IDLE_8,
+            cpu_count=2,
+            duty=0.15,
+            main_cores=0.15,
+            worker_cores=0.1,
+            busiest_worker_cores=0.1,
+            disk_busy_ratio=0.05,
+            host_busy_cores=2.0,
+        ),
+        Cause.IO,
+        (3, 2.67, Limit.CPU),
+    ),
+    (
         "a storage-bound reader on an idle disk: each more reader a stream more, up to the ceiling",
         replace(
             IDLE_8,

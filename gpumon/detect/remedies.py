@@ -265,14 +265,21 @@ class Contention:
 
 def contention(i: RemedyInputs, cause: Cause) -> Contention | None:
     """None when the host has idle cores, or when other users' work takes less than the job gets
-    (it has what it wants, and keeps it): the job can then have all but that work's CPU."""
+    (it has what it wants, and keeps it): the job can then have all but that work's CPU.
+
+    The fair-share level counts the other groups that want CPU. A CPU-bound job's loader is hungry,
+    so the job gets the level, and other work is that many groups as hungry (G = their CPU / the
+    job's). A storage-bound job uses less than its share, so its CPU tells nothing of the level: the
+    other work is taken at a core a group."""
     assert i.main_cores is not None and i.worker_cores is not None and i.host_busy_cores is not None
     cores = float(i.cpu_count or 1)
     job = max(0.05, i.main_cores + i.peer_cores + i.worker_cores)
     others = max(0.0, i.host_busy_cores - job)
     if cores - i.host_busy_cores >= SATURATED_IDLE_CORES or others < OTHERS_CPU_BOUND * job:
         return None
-    groups = max(1, round(others / job))  # other groups at the job's level: each wants more
+    # a CPU-bound job is hungry, so what it gets is the level, and each other group as hungry takes as
+    # much; one that wants less than its share says nothing of the level: the others at a core a group
+    groups = max(1, round(others / job if cause == Cause.CPU else others))
     wanted = min(cores, _cpus_wanted(i, cause, i.workers or 0, i.worker_cores, 1.0))
     weight = 1.0 if wanted <= job + 0.02 else max(0.0, cores * (wanted - job) / (wanted * job))
     return Contention(weight, max(job, cores / (groups + 1)))
