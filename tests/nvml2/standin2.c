@@ -27,10 +27,18 @@
  * GPM: a sample records the time and the GPU's cumulative busy time (a counter that only grows);
  * nvmlGpmMetricsGet turns two samples into activity over the interval between them.
  *
+ * XID events (nvmlEventSetWait_v2): scripted by NVML2_XIDS, a comma-separated list of
+ * GPU:XID@T_US, each an XID critical error on GPU index GPU at timeline time T_US (e.g.
+ * "3:79@1700000000500000,0:48@1700000001000000"). It is read with getenv on every wait, like
+ * NVML2_NOW_US. An event set sees the events timed after its creation, in time order (list order
+ * among equal times), once each, on the GPUs registered for XID events on it.
+ *
  * Threads: one mutex guards all shared state (init count, event sets, GPM sample slots); calls
- * hold it while they run (they are short). nvmlEventSetWait blocks in one timed condition-variable
- * wait for the whole timeout, releasing the mutex meanwhile. Nothing is allocated per call: event
- * sets and GPM samples come from fixed pools.
+ * hold it while they run (they are short). nvmlEventSetWait blocks on a condition variable,
+ * releasing the mutex meanwhile, until the next scripted event is due (timeline on the real clock)
+ * or the timeout passes; it never polls. With NVML2_NOW_US set, time only moves when the caller
+ * moves it, so a blocked wait sees a newly due event at its timeout, or at once in the next wait.
+ * Nothing is allocated per call: event sets and GPM samples come from fixed pools.
  */
 
 #define _GNU_SOURCE
@@ -264,6 +272,7 @@ _Static_assert(sizeof(nvmlGpmMetricsGet_t) == 24 + 40 * NVML_GPM_METRIC_MAX, "nv
 #define MAX_EVENT_SETS 64
 #define MAX_GPM_SAMPLES 4096
 #define MAX_PROCS 2
+#define MAX_XIDS 256 /* scripted XID events read from NVML2_XIDS */
 
 #define DRIVER_VERSION "550.90.07"
 #define NVML_VERSION "12.550.90.07"
@@ -301,6 +310,9 @@ struct nvml2_event_set {
     int closing;    /* freed (or NVML shut down) while a thread waits: released by the last waiter */
     int waiters;
     unsigned long long mask[MAX_GPUS]; /* event types registered per GPU */
+    /* the last event delivered (or the set's creation): (timeline time, position in NVML2_XIDS) */
+    uint64_t seen_us;
+    int seen_pos;
     pthread_cond_t wake;
 };
 
@@ -1166,6 +1178,8 @@ static nvmlReturn_t set_create(nvmlEventSet_t *set)
             s->closing = 0;
             s->waiters = 0;
             memset(s->mask, 0, sizeof(s->mask));
+            s->seen_us = now_us(); /* events at or before creation are not this set's */
+            s->seen_pos = MAX_XIDS;
             *set = s;
             return NVML_SUCCESS;
         }
@@ -1213,13 +1227,76 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
     LOCKED(register_events(device, eventTypes, set));
 }
 
+struct xid_event {
+    unsigned int gpu, xid;
+    uint64_t t_us;
+    int pos;
+};
+
+static int time_frozen(void)
+{
+    const char *fixed = getenv("NVML2_NOW_US");
+    return fixed != NULL && fixed[0] != '\0';
+}
+
 /*
- * No event is ever scripted, so a wait lasts its whole timeout and returns TIMEOUT. It blocks in
- * pthread_cond_timedwait against one absolute deadline (spurious wake-ups wait again for the rest
- * of it): no polling, no CPU spent while it waits. Freeing the set (or the last nvmlShutdown)
- * during the wait ends it early.
+ * The event set s has not yet seen that is due soonest (the earliest after its cursor): 1 and *out,
+ * or 0 when none is left in NVML2_XIDS. Entries that do not parse, or name a GPU that does not
+ * exist, are skipped.
  */
-static nvmlReturn_t set_wait(nvmlEventSet_t set, void *data, unsigned int timeoutms)
+static int next_xid(const struct nvml2_event_set *s, struct xid_event *out)
+{
+    const char *p = getenv("NVML2_XIDS");
+    int found = 0;
+    for (int pos = 0; p != NULL && *p != '\0' && pos < MAX_XIDS; pos++) {
+        char *end = NULL;
+        unsigned long gpu = strtoul(p, &end, 10), xid = 0;
+        unsigned long long t = 0;
+        int ok = end != p && *end == ':';
+        if (ok) {
+            p = end + 1;
+            xid = strtoul(p, &end, 10);
+            ok = end != p && *end == '@';
+        }
+        if (ok) {
+            p = end + 1;
+            t = strtoull(p, &end, 10);
+            ok = end != p && (*end == ',' || *end == '\0');
+        }
+        p = strchr(p, ',');
+        p = p == NULL ? "" : p + 1;
+        if (!ok || gpu >= g_count || !(s->mask[gpu] & EV_XID_CRITICAL))
+            continue;
+        if (t < s->seen_us || (t == s->seen_us && pos <= s->seen_pos))
+            continue; /* already delivered, or before the set existed */
+        if (!found || t < out->t_us) {
+            *out = (struct xid_event){(unsigned int)gpu, (unsigned int)xid, t, pos};
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static void add_us(struct timespec *ts, uint64_t us)
+{
+    uint64_t ns = (uint64_t)ts->tv_nsec + (us % 1000000ULL) * 1000ULL;
+    ts->tv_sec += (time_t)(us / 1000000ULL + ns / 1000000000ULL);
+    ts->tv_nsec = (long)(ns % 1000000000ULL);
+}
+
+static int before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/*
+ * Blocks (mutex released) until the set's next scripted event is due, the timeout passes, or the
+ * set is freed: one timed condition-variable wait per wake-up, against an absolute deadline on
+ * CLOCK_MONOTONIC, so a spurious wake-up waits again only for the rest. With the timeline on the
+ * real clock, an event due at T wakes the wait at T; with NVML2_NOW_US set, it is seen when the
+ * wait starts or ends. `v2`: data is an nvmlEventData_t, else the unversioned nvmlEventData_v1_t.
+ */
+static nvmlReturn_t set_wait(nvmlEventSet_t set, void *data, unsigned int timeoutms, int v2)
 {
     nvmlReturn_t rc = check_init();
     if (rc != NVML_SUCCESS)
@@ -1227,37 +1304,75 @@ static nvmlReturn_t set_wait(nvmlEventSet_t set, void *data, unsigned int timeou
     struct nvml2_event_set *s = event_set(set);
     if (s == NULL || data == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (timeoutms == 0)
-        return NVML_ERROR_TIMEOUT;
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += (time_t)(timeoutms / 1000u);
-    deadline.tv_nsec += (long)(timeoutms % 1000u) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec += 1;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    add_us(&deadline, (uint64_t)timeoutms * 1000ULL);
     s->waiters++;
-    int err = 0;
-    while (!s->closing && err != ETIMEDOUT)
-        err = pthread_cond_timedwait(&s->wake, &g_lock, &deadline);
+    struct xid_event ev = {0, 0, 0, 0};
+    int got = 0, timed_out = 0;
+    for (;;) {
+        if (s->closing)
+            break;
+        uint64_t now = now_us();
+        int pending = next_xid(s, &ev);
+        if (pending && ev.t_us <= now) {
+            got = 1;
+            break;
+        }
+        if (timed_out)
+            break;
+        struct timespec wake = deadline, mono;
+        clock_gettime(CLOCK_MONOTONIC, &mono);
+        if (pending && !time_frozen()) {
+            struct timespec due = mono;
+            add_us(&due, ev.t_us - now);
+            if (before(&due, &wake))
+                wake = due;
+        }
+        if (!before(&mono, &deadline)) {
+            timed_out = 1; /* look once more: time may have moved (NVML2_NOW_US) */
+            continue;
+        }
+        int err = pthread_cond_timedwait(&s->wake, &g_lock, &wake);
+        if (err == ETIMEDOUT && !before(&wake, &deadline))
+            timed_out = 1;
+    }
     s->waiters--;
     if (s->closing) {
         if (s->waiters == 0)
             s->in_use = 0;
         return NVML_ERROR_UNINITIALIZED;
     }
-    return NVML_ERROR_TIMEOUT;
+    if (!got)
+        return NVML_ERROR_TIMEOUT;
+    s->seen_us = ev.t_us;
+    s->seen_pos = ev.pos;
+    if (v2) {
+        nvmlEventData_t *out = data;
+        memset(out, 0, sizeof(*out));
+        out->device = &g_dev[ev.gpu];
+        out->eventType = EV_XID_CRITICAL;
+        out->eventData = ev.xid;
+        out->gpuInstanceId = 0xFFFFFFFFu; /* the whole GPU: no MIG instance */
+        out->computeInstanceId = 0xFFFFFFFFu;
+    } else {
+        nvmlEventData_v1_t *out = data;
+        memset(out, 0, sizeof(*out));
+        out->device = &g_dev[ev.gpu];
+        out->eventType = EV_XID_CRITICAL;
+        out->eventData = ev.xid;
+    }
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
-    LOCKED(set_wait(set, data, timeoutms));
+    LOCKED(set_wait(set, data, timeoutms, 1));
 }
 
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t *data, unsigned int timeoutms)
 {
-    LOCKED(set_wait(set, data, timeoutms));
+    LOCKED(set_wait(set, data, timeoutms, 0));
 }
 
 /* ---- GPM ------------------------------------------------------------------------------------------- */
