@@ -1,7 +1,12 @@
 """Build the second stand-in libnvidia-ml.so.1 (standin2.c) and the environment that loads it.
 
-    from tests.nvml2.build import build, environment
-    subprocess.run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], env=environment(gpus=4))
+    from tests.nvml2.build import environment
+    subprocess.run([sys.executable, "-m", "benchmarks.nvml_cost", ...], env=environment(gpus=8))
+
+The variables the library reads (tests/nvml2/README.md has the whole story):
+  NVML2_GPUS     GPUs to simulate, 0..64 (default 8), fixed at the first nvmlInit
+  NVML2_NOW_US   timeline time in us, read on every call; unset or empty: the real clock
+  NVML2_XIDS     scripted XID critical errors, "GPU:XID@T_US,...", read on every event wait
 
 `build()` compiles once into tests/nvml2/build/ and again only when standin2.c is newer than the
 library; the new library replaces the old one atomically (os.replace), so a process that has the
@@ -14,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -59,9 +65,26 @@ def build() -> Path:
     return LIBRARY
 
 
-def environment(gpus: int = 8, **extra: str) -> dict[str, str]:
-    """os.environ with the stand-in first on LD_LIBRARY_PATH (built if needed) and NVML2_GPUS
-    set; `extra` adds or overrides variables (e.g. NVML2_NOW_US="1700000000000000")."""
+def xids_spec(events: Iterable[tuple[int, int, int]]) -> str:
+    """NVML2_XIDS for (gpu index, xid, timeline time in us) events, e.g. [(3, 79, t)] -> "3:79@t"."""
+    return ",".join(f"{gpu}:{xid}@{t_us}" for gpu, xid, t_us in events)
+
+
+def environment(
+    gpus: int = 8,
+    *,
+    now_us: int | None = None,
+    xids: Iterable[tuple[int, int, int]] = (),
+    **extra: str,
+) -> dict[str, str]:
+    """The environment for a subprocess that loads the stand-in for `gpus` GPUs through the real
+    pynvml: os.environ with the library's directory first on LD_LIBRARY_PATH (built if needed)
+    and NVML2_GPUS set.
+
+    `now_us`: hold timeline time there (NVML2_NOW_US; the child may move it by setting
+    os.environ["NVML2_NOW_US"]); None, the default, runs the timeline on the real clock, even if
+    this process has NVML2_NOW_US set. `xids`: XID critical errors to script, as (gpu index, xid,
+    timeline time in us) (NVML2_XIDS). `extra` adds or overrides variables last."""
     if not 0 <= gpus <= MAX_GPUS:
         raise ValueError(f"gpus must be 0..{MAX_GPUS}, not {gpus}")
     library_dir = str(build().parent)
@@ -69,5 +92,12 @@ def environment(gpus: int = 8, **extra: str) -> dict[str, str]:
     before = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = f"{library_dir}{os.pathsep}{before}" if before else library_dir
     env["NVML2_GPUS"] = str(gpus)
+    env.pop("NVML2_NOW_US", None)
+    env.pop("NVML2_XIDS", None)
+    if now_us is not None:
+        env["NVML2_NOW_US"] = str(now_us)
+    spec = xids_spec(xids)
+    if spec:
+        env["NVML2_XIDS"] = spec
     env.update(extra)
     return env
