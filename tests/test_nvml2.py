@@ -2,8 +2,9 @@
 gpumon's own NVML source, in one child process that loads it (LD_LIBRARY_PATH).
 
 The child (tests/nvml2/probe.py) records what it saw as JSON; the tests here judge it. Timeline
-time is held and moved with NVML2_NOW_US, so every figure is deterministic; only the event wait
-runs on the real clock.
+time is held and moved with NVML2_NOW_US, and XID events scripted with NVML2_XIDS, so every figure
+is deterministic; only event-wait timeouts, and one event due 300 ms ahead on the real clock, take
+real time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.nvml2.build import build, environment
+from tests.nvml2.build import MAX_GPUS, build, environment
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -37,7 +38,7 @@ def seen() -> dict[str, Any]:
         text=True,
         timeout=60,
         cwd=ROOT,
-        env=environment(GPUS, NVML2_NOW_US=str(T0_US), PYTHONPATH=str(ROOT)),
+        env=environment(GPUS, now_us=T0_US, PYTHONPATH=str(ROOT)),
     )
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
@@ -110,12 +111,44 @@ def test_gpm_metrics_in_range(seen: dict[str, Any]) -> None:
         assert (graphics > 0) == (k % 8 != 7), (k, graphics)
 
 
-def test_event_wait_blocks_without_cpu(seen: dict[str, Any]) -> None:
-    wait = seen["wait"]
-    assert wait["code"] == 10  # NVML_ERROR_TIMEOUT
-    assert 0.19 <= wait["wall_s"] < 1.0
+def test_environment_loads_n_gpus_on_the_real_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVML2_NOW_US", "5")  # inherited frozen time must not leak into a benchmark
+    env = environment(16, xids=[(3, 79, 10), (0, 48, 20)])
+    assert env["NVML2_GPUS"] == "16" and "NVML2_NOW_US" not in env
+    assert env["NVML2_XIDS"] == "3:79@10,0:48@20"
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == str(build().parent)
+    assert environment(8, now_us=7)["NVML2_NOW_US"] == "7"
+    with pytest.raises(ValueError):
+        environment(MAX_GPUS + 1)
+    code = "import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetCount())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "16", done.stderr
+
+
+def test_event_wait_times_out_asleep(seen: dict[str, Any]) -> None:
+    wait = seen["events"]["timeout"]
+    assert wait["code"] == 10  # NVML_ERROR_TIMEOUT: the event at the set's creation is not its own
+    assert wait["wall_s"] >= 0.199, "returned before its timeout"
     assert wait["cpu_s"] < 0.020, "a wait must sleep, not poll"
     assert seen["thread_errors"] == []
+
+
+def test_event_wait_returns_scripted_xids_in_order(seen: dict[str, Any]) -> None:
+    ev = seen["events"]
+    none = 0xFFFFFFFF
+    # (GPU index, nvmlEventTypeXidCriticalError, XID, no MIG instance): unregistered GPU 1,
+    # a malformed entry and a GPU that does not exist are skipped; equal times go in list order
+    assert ev["due"] == [[5, 8, 48, none], [2, 8, 79, none]]
+    assert ev["not_yet"] == 10, "an event due later is not delivered early"
+    assert ev["later"] == [6, 8, 13, none]
+    assert ev["drained"] == 10, "each event once"
+
+
+def test_event_wait_on_the_real_clock_sleeps_until_the_event(seen: dict[str, Any]) -> None:
+    live = seen["events"]["live"]
+    assert live["event"] == [3, 8, 79, 0xFFFFFFFF]
+    assert live["early_us"] <= 0, "returned before the event was due"
+    assert live["cpu_s"] < 0.020, "a wait must sleep until the event, not poll"
 
 
 def test_gpumon_nvml_source_reads_it(seen: dict[str, Any]) -> None:
@@ -133,3 +166,27 @@ def test_gpumon_nvml_source_reads_it(seen: dict[str, Any]) -> None:
         assert ratios and all(0.0 <= v <= 1.0 for v in ratios)
     newest_first = max(t for t, _ in first[0]["history"])
     assert all(t > newest_first for t, _ in second[0]["history"]), "the second tick repeats no sample"
+
+
+def test_gpumon_reads_the_stand_ins_values(seen: dict[str, Any]) -> None:
+    """What gpumon reports at the second tick is what the stand-in says, read directly."""
+    for g, direct in zip(seen["gpumon"]["second"], seen["gpumon"]["direct"], strict=True):
+        assert [v for _, v in g["history"]] == [v / 100 for v in direct["newest"]]
+        assert g["procs"] == direct["procs"]
+        assert g["mem_used"] == direct["mem_used"]
+        assert g["power_w"] == direct["power_mw"] / 1000
+        assert g["gpm"]["graphics_ratio"] == pytest.approx(direct["graphics_pct"] / 100, abs=1e-4)
+
+
+def test_gpumon_counts_a_scripted_xid(seen: dict[str, Any]) -> None:
+    ticks = seen["gpumon"]
+    assert ticks["xid_recorded"], "gpumon's XID thread never got the event"
+    assert all(g["xids"] == [] for g in ticks["first"])
+    assert [g["xids"] for g in ticks["second"]] == [[[79, 1]] if k == 3 else [] for k in range(GPUS)]
+    assert ticks["second"][3]["last_xid"] == 79
+
+
+def test_gpumon_with_gpm_off_reads_no_gpm(seen: dict[str, Any]) -> None:
+    for tick in seen["gpumon"]["gpm_off"]:
+        assert all(g["available"] and g["gpm"] is None for g in tick)
+        assert all(5 <= len(g["history"]) <= 7 for g in tick)

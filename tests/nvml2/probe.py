@@ -5,14 +5,14 @@ for tests/test_nvml2.py to judge.
     python -m tests.nvml2.probe
 
 Timeline time is moved by setting os.environ["NVML2_NOW_US"] (CPython calls putenv, and the
-library reads it on every call); the event wait alone runs on the real clock.
+library reads it on every call), XID events are scripted the same way (NVML2_XIDS); event-wait
+timeouts, and one event wait with the timeline on the real clock, run on the real clock.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -128,17 +128,60 @@ def gpm(handles: list[Any], t0: int) -> dict[str, Any]:
     return {"gpm": per_gpu, "gpm_mig": mig, "gpm_supported": supported}
 
 
-def event_wait(handles: list[Any]) -> dict[str, Any]:
-    """A 200 ms wait: its code, wall time and CPU time."""
+def timed(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """fn(*args) on this thread: its NVML code, what it returned, wall and this thread's CPU time."""
+    c0, w0 = time.thread_time(), time.monotonic()
+    try:
+        got, rc = fn(*args), 0
+    except nv.NVMLError as e:
+        got, rc = None, int(e.value)
+    return {"code": rc, "got": got, "wall_s": time.monotonic() - w0, "cpu_s": time.thread_time() - c0}
+
+
+def event(data: Any) -> list[int] | None:
+    if data is None:
+        return None
+    return [nv.nvmlDeviceGetIndex(data.device), data.eventType, data.eventData, data.gpuInstanceId]
+
+
+def event_wait(handles: list[Any], t0: int) -> dict[str, Any]:
+    """Scripted XID events through nvmlEventSetWait_v2: with time held (moved by hand), and with
+    the timeline on the real clock (an event 300 ms ahead)."""
+    xid = nv.nvmlEventTypeXidCriticalError
+    at(t0)
     events = nv.nvmlEventSetCreate()
-    for g in handles:
-        nv.nvmlDeviceRegisterEvents(g, nv.nvmlEventTypeXidCriticalError, events)
-    r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-    wait_code = code(nv.nvmlEventSetWait_v2, events, 200)
-    r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    for k in (2, 5, 6):  # GPU 1 is not registered
+        nv.nvmlDeviceRegisterEvents(handles[k], xid, events)
+    os.environ["NVML2_XIDS"] = (
+        f"2:31@{t0},1:79@{t0 + 500},6:13@{t0 + 5000},5:48@{t0 + 1000},2:79@{t0 + 1000},bad,9:1@{t0 + 1}"
+    )
+    out: dict[str, Any] = {"timeout": timed(nv.nvmlEventSetWait_v2, events, 200)}
+    at(t0 + 2000)
+    due = [timed(nv.nvmlEventSetWait_v2, events, 5000) for _ in range(2)]
+    out["due"] = [event(w["got"]) for w in due]
+    out["not_yet"] = timed(nv.nvmlEventSetWait_v2, events, 0)["code"]
+    at(t0 + 5000)
+    out["later"] = event(nv.nvmlEventSetWait_v2(events, 0))
+    out["drained"] = timed(nv.nvmlEventSetWait_v2, events, 0)["code"]
     nv.nvmlEventSetFree(events)
-    cpu_s = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return {"code": wait_code, "wall_s": w1 - w0, "cpu_s": cpu_s}
+
+    del os.environ["NVML2_NOW_US"]  # the real clock
+    live = nv.nvmlEventSetCreate()
+    nv.nvmlDeviceRegisterEvents(handles[3], xid, live)
+    due_us = int(time.time() * 1e6) + 300_000
+    os.environ["NVML2_XIDS"] = f"3:79@{due_us}"
+    wait = timed(nv.nvmlEventSetWait_v2, live, 10_000)
+    returned_us = int(time.time() * 1e6)
+    nv.nvmlEventSetFree(live)
+    at(t0)
+    del os.environ["NVML2_XIDS"]
+    out["live"] = {
+        "event": event(wait["got"]),
+        "early_us": due_us - returned_us,
+        "cpu_s": wait["cpu_s"],
+    }
+    out["timeout"]["got"] = None
+    return out
 
 
 def threads(handles: list[Any]) -> list[str]:
@@ -171,9 +214,12 @@ def threads(handles: list[Any]) -> list[str]:
     return errors
 
 
-def gpumon_ticks(t0: int) -> dict[str, Any]:
-    """Two ticks of gpumon's NvmlSource, one second of timeline time apart."""
+def gpumon_ticks(handles: list[Any], t0: int) -> dict[str, Any]:
+    """Two ticks of gpumon's NvmlSource one second of timeline time apart, with an XID scripted
+    between them; what the stand-in says at the second tick, read directly, to compare; and two
+    ticks with GPM off."""
     from gpumon.collect.sources.nvml.source import NvmlSource
+    from gpumon.collect.sources.nvml.xid import XidWatcher
 
     def view(sample: Any) -> dict[str, Any]:
         return {
@@ -187,16 +233,70 @@ def gpumon_ticks(t0: int) -> dict[str, Any]:
             "mem_used": sample.mem_used_bytes,
             "power_w": sample.power_w,
             "gpm": None if sample.gpm is None else sample.gpm._asdict(),
+            "xids": [tuple(x) for x in sample.xids],
+            "last_xid": None if sample.last_xid is None else sample.last_xid[0],
         }
 
+    # gpumon's XID thread records the event on its own time: know when, rather than sleep
+    recorded = threading.Event()
+    record = XidWatcher.record
+
+    def record_and_tell(self: XidWatcher, *args: Any, **kwargs: Any) -> None:
+        record(self, *args, **kwargs)
+        recorded.set()
+
+    XidWatcher.record = record_and_tell  # type: ignore[method-assign]
+    os.environ["NVML2_XIDS"] = f"3:79@{t0 + 500_000}"
     at(t0)
     src = NvmlSource(nv)
     src.open()
     first = src.poll(1.0)
     at(t0 + 1_000_000)
+    xid_recorded = recorded.wait(30.0)  # the watcher's wait notices the moved time at its timeout
     second = src.poll(2.0)
     src.close()
-    return {"first": [view(s) for s in first], "second": [view(s) for s in second]}
+    XidWatcher.record = record  # type: ignore[method-assign]
+    del os.environ["NVML2_XIDS"]
+
+    util = nv.NVML_GPU_UTILIZATION_SAMPLES
+    direct = []
+    for k, g in enumerate(handles):
+        a, b = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+        at(t0)
+        nv.nvmlGpmSampleGet(g, a)
+        at(t0 + 1_000_000)
+        nv.nvmlGpmSampleGet(g, b)
+        get = nv.c_nvmlGpmMetricsGet_t()
+        get.version, get.numMetrics, get.sample1, get.sample2 = nv.NVML_GPM_METRICS_GET_VERSION, 1, a, b
+        get.metrics[0].metricId = 1  # graphics activity
+        nv.nvmlGpmMetricsGet(get)
+        nv.nvmlGpmSampleFree(a)
+        nv.nvmlGpmSampleFree(b)
+        ring = nv.nvmlDeviceGetSamples(g, util, 0)[1]
+        direct.append(
+            {
+                "newest": [s.sampleValue.uiVal for s in ring[-len(second[k].util_history) :]],
+                "procs": [(p.pid, p.usedGpuMemory) for p in nv.nvmlDeviceGetComputeRunningProcesses(g)],
+                "mem_used": nv.nvmlDeviceGetMemoryInfo(g, version=nv.nvmlMemory_v2).used,
+                "power_mw": nv.nvmlDeviceGetPowerUsage(g),
+                "graphics_pct": get.metrics[0].value,
+            }
+        )
+
+    at(t0 + 10_000_000)
+    off = NvmlSource(nv, gpm=False)
+    off.open()
+    off_ticks = [off.poll(11.0)]
+    at(t0 + 11_000_000)
+    off_ticks.append(off.poll(12.0))
+    off.close()
+    return {
+        "first": [view(s) for s in first],
+        "second": [view(s) for s in second],
+        "xid_recorded": xid_recorded,
+        "direct": direct,
+        "gpm_off": [[view(s) for s in tick] for tick in off_ticks],
+    }
 
 
 def main() -> None:
@@ -207,9 +307,9 @@ def main() -> None:
     out["samples"] = samples(handles, t0)
     out.update(readings(handles))
     out.update(gpm(handles, t0))
-    out["wait"] = event_wait(handles)
+    out["events"] = event_wait(handles, t0)
     out["thread_errors"] = threads(handles)
-    out["gpumon"] = gpumon_ticks(t0 + 2_000_000_000)
+    out["gpumon"] = gpumon_ticks(handles, t0 + 2_000_000_000)
     nv.nvmlShutdown()
     out["after_shutdown"] = code(nv.nvmlDeviceGetCount)
     print(json.dumps(out))
