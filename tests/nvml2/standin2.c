@@ -8,6 +8,9 @@
  *   gcc -shared -fPIC -O2 -Wall -Wextra -Werror -pthread -Wl,-soname,libnvidia-ml.so.1 \
  *       -o libnvidia-ml.so.1 standin2.c
  *
+ * Usage from Python (build, environment for N GPUs, the calls answered): tests/nvml2/README.md;
+ * tests/nvml2/build.py's environment(gpus, now_us=..., xids=...) sets the variables below.
+ *
  * Time. Every reading is a pure function of (GPU index, timeline time). Timeline time is
  * CLOCK_REALTIME in microseconds, unless NVML2_NOW_US is set and non-empty: then that value is the
  * time. It is read with getenv on every call, so a benchmark can move time from Python
