@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 import threading
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from gpumon.trace.segments import list_segments, segment_start
 from gpumon.trace.writer import TraceWriterV2
 
 from .conftest import gpumon
+from .memory import peak_bytes
 
 EPOCH = datetime.datetime(2026, 11, 29, 22, 0, 0, tzinfo=datetime.UTC).timestamp()
 """The recorder's wall clock at the simulation's time 0: 22:00 UTC, 'last night'."""
@@ -253,11 +253,7 @@ def test_analysis_of_a_longer_range_takes_no_more_memory(tmp_path: Path) -> None
     run(tmp_path, 4 * 3600, "starved-cpu", segment_s=600)
 
     def peak(hours: float) -> int:
-        tracemalloc.start()
-        analyze_range(str(tmp_path), EPOCH, EPOCH + hours * 3600)
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        return top
+        return peak_bytes(lambda: analyze_range(str(tmp_path), EPOCH, EPOCH + hours * 3600))
 
     short, long = peak(1), peak(4)
     assert long < 1.3 * short, (short, long)
