@@ -55,6 +55,7 @@ HEAVY = {
     "gpumon.trace.reader": "a replayed trace only",
     "gpumon.collect.sources.replay": "a replayed trace only",
     "tomllib": "a config file only",
+    "gpumon.collect.sources.kubelet": "the kubelet's client: only where pods are attributed",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed
 (each such import says why in a comment). gpumon/cli/ is the other exception: a command's modules
