@@ -39,4 +39,4 @@ class CpuBudget:
     def retry_after_s(self, now: float) -> int:
         """Whole seconds until the bucket holds some again (at least 1)."""
         left = self.left(now)
-        return max(1, math.ceil((1e-3 - left) / self.share)) if left <= 0 else 1
+        return max(1, math.ceil(-left / self.share)) if left <= 0 else 1
