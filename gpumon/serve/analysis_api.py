@@ -1,12 +1,16 @@
 """/api/v1/analysis?since=TIME&until=TIME&gpu=N,M: `gpumon analyze --from` over the flight
-recorder's directory, as JSON.
+recorder's directory, as JSON (docs/recorder.md).
 
-One at a time (429 while one runs), the range at most analysis_max_range_s, in its own niced
-process stopped after analysis_timeout_s: an analysis never holds up the sampler or a scrape, and
-never takes the daemon's memory with it. The process dies with the daemon (PR_SET_PDEATHSIG, and
-killed when the server stops), so a SIGTERM leaves no analysis running. Statuses: 400 for a query
-that cannot be right (unknown parameter, since after until, a range too long), 404 for one that
-finds nothing (no samples, no such GPU), 429/503 to try again later, 500 only for a failure of
+A range that reaches the newest tick and starts within the daemon's verdict log (the last 15
+minutes) is answered in-process from the verdicts the daemon gave (gpumon.serve.recent_range), on
+a thread of its own at nice 19; any other is replayed in its own niced process stopped after
+analysis_timeout_s, which dies with the daemon (PR_SET_PDEATHSIG, and killed when the server
+stops). Answers are cached per (query, thresholds) until a new tick arrives. One analysis at a time:
+the same query shares the running one's answer, another gets 429 (Retry-After: 1). The CPU used
+is charged to a budget (gpumon.serve.cpu_budget): while it is spent, 429 with Retry-After. Nothing
+here runs on the event loop or takes a lock a scrape takes. Statuses: 400 for a query that cannot
+be right (unknown parameter, since after until, a range too long), 404 for one that finds nothing
+(no samples, no such GPU), 429/503 to try again later (with Retry-After), 500 only for a failure of
 gpumon's own.
 """
 
