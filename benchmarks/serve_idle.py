@@ -194,23 +194,29 @@ def main() -> None:
         for k in range(args.starts):
             for e in who if k % 2 == 0 else who[::-1]:
                 first[e.name].append(time_to_first(e, env, tmp))
+    med = statistics.median
     print(
         f"{args.gpus} stand-in GPUs, 1 s cadence, no scraper; medians of {args.rounds} x {args.seconds:g} s:"
     )
     for e in who:
         n = e.name
-        print(
-            f"  {n:16s} idle {statistics.median(share[n]) * 100:.3f}% of a core, "
-            f"{statistics.median(wakes[n]):.1f} wake-ups/s; "
-            f"first GPU series {statistics.median(first[n]):.3f} s after spawn "
+        idle = (
+            f"idle {med(share[n]) * 100:.3f}% of a core, {med(wakes[n]):.1f} wake-ups/s; " if share[n] else ""
+        )
+        first_s = (
+            f"first GPU series {med(first[n]):.3f} s after spawn "
             f"(median of {args.starts}; {min(first[n]):.3f}-{max(first[n]):.3f})"
+            if first[n]
+            else ""
         )
+        print(f"  {n:16s} {idle}{first_s}")
     if args.peer:
-        ratio = statistics.median(share["gpumon"]) / statistics.median(share[args.peer])
-        fratio = statistics.median(first["gpumon"]) / statistics.median(first[args.peer])
-        print(
-            f"gpumon/{args.peer}: idle CPU {ratio:.2f} (goal <= 0.5), first sample {fratio:.2f} (goal <= 1.0)"
-        )
+        ratios = []
+        if args.rounds:
+            ratios.append(f"idle CPU {med(share['gpumon']) / med(share[args.peer]):.2f} (goal <= 0.5)")
+        if args.starts:
+            ratios.append(f"first sample {med(first['gpumon']) / med(first[args.peer]):.2f} (goal <= 1.0)")
+        print(f"gpumon/{args.peer}: " + ", ".join(ratios))
 
 
 if __name__ == "__main__":

@@ -151,19 +151,20 @@ def test_a_recent_range_is_answered_in_process(daemon: tuple[str, Path]) -> None
     assert 59 <= doc["range"]["ticks"] <= 60  # 60 s of the daemon's clock (simulated, at 20x)
 
 
-def test_kill_9_loses_at_most_the_last_second(tmp_path: Path) -> None:
+def test_kill_9_loses_at_most_the_last_5_seconds(tmp_path: Path) -> None:
     port = free_port()
     proc = start_serve("--simulate", "healthy", "--interval", "0.2", "--record-dir", str(tmp_path), port=port)
     url = f"http://127.0.0.1:{port}"
     try:
-        state = wait_state(url, lambda s: s.get("ticks", 0) >= 15)
+        state = wait_state(url, lambda s: s.get("ticks", 0) >= 40)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     (seg,) = list_segments(str(tmp_path))
     trace = read_trace(seg.path)
     assert trace.end is None and any("without its end" in w for w in trace.warnings)
-    assert len(trace.ticks) >= state["ticks"] - 5, "at most a second of ticks (5 at 0.2 s) lost"
+    # the recorder hands its ticks to the OS every 5 s (SYNC_EVERY_S): 25 at 0.2 s, and the one in hand
+    assert len(trace.ticks) >= state["ticks"] - 26, "at most 5 s of ticks lost"
 
 
 def test_simulated_gpus_are_not_recorded_unless_asked(tmp_path: Path) -> None:

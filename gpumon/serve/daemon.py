@@ -49,8 +49,9 @@ from gpumon.trace.segments import default_directory
 
 log = logging.getLogger("gpumon")
 
-FIRST_TICK_S = 0.1
-"""The first sample comes this soon after start (later ones on the interval's grid)."""
+FIRST_TICK_S = 0.0
+"""The first sample comes as soon as the sources are open (later ones on the interval's grid); it
+carries the GPUs, the host's rates come from the second tick on (Sampler.start)."""
 RECENT_EPISODES = 20
 """Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 
