@@ -55,6 +55,8 @@ HEAVY = {
     "gpumon.trace.reader": "a replayed trace only",
     "gpumon.collect.sources.replay": "a replayed trace only",
     "tomllib": "a config file only",
+    "gpumon.analyze": "the range API's analysis: loaded by the first range asked",
+    "gpumon.serve.recent_range": "the range API's analysis: loaded by the first range asked",
     "gpumon.collect.sources.kubelet": "the kubelet's client: only where pods are attributed",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed

@@ -34,12 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
-from gpumon.analyze.trace_report import to_json
 from gpumon.config.settings import Config
 from gpumon.core.errors import EXIT_BAD_TRACE, EXIT_USAGE
 from gpumon.core.timepoints import iso_utc, time_point
 from gpumon.serve.cpu_budget import CpuBudget
-from gpumon.serve.recent_range import analyze_recent
 from gpumon.serve.verdict_log import VerdictLog
 from gpumon.trace.segments import list_segments
 
@@ -195,6 +193,10 @@ class AnalysisApi:
     ) -> Answer | None:
         """On the analysis thread: the answer from the daemon's verdicts (None: replay the range)."""
         assert self._recent is not None and self.directory is not None
+        # the analysis code, loaded by the first range asked (a daemon's first sample comes sooner)
+        from gpumon.analyze.trace_report import to_json
+        from gpumon.serve.recent_range import analyze_recent
+
         start = time.thread_time()
         try:
             view = self._recent.view()
