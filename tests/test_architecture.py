@@ -57,6 +57,7 @@ HEAVY = {
     "tomllib": "a config file only",
     "gpumon.analyze": "the range API's analysis: loaded by the first range asked",
     "gpumon.serve.recent_range": "the range API's analysis: loaded by the first range asked",
+    "gpumon.serve.pcp": "PCP's dialect: loaded by the first PCP request",
     "gpumon.collect.sources.kubelet": "the kubelet's client: only where pods are attributed",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed

@@ -31,10 +31,7 @@ from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
 from gpumon.core.threads import named_thread
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
-from gpumon.serve import (
-    health,
-    pcp,  # PCP's dialect, for the few hosts that ask for it
-)
+from gpumon.serve import health
 from gpumon.serve.analysis_api import AnalysisApi
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
@@ -198,6 +195,8 @@ class Daemon:
         return self.exposition.render(accept, gzip_ok)
 
     def render_pcp(self) -> bytes:
+
+        from gpumon.serve import pcp  # PCP's dialect, for the few hosts that ask for it: loaded then
 
         return pcp.render(self.snapshot)
 
