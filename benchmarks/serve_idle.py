@@ -1,84 +1,222 @@
-"""What `gpumon serve` costs when nobody scrapes it: CPU share of one core, 8 GPUs, 1 s interval.
+"""What `gpumon serve` costs when nobody scrapes it, beside a peer exporter in the same run.
 
-    .venv/bin/python -m benchmarks.serve_idle [--seconds 60] [--repeats 3] [--gpus 8]
+    .venv/bin/python -m benchmarks.serve_idle [--peer nvitop-exporter] [--seconds 60] [--rounds 3]
+                                              [--gpus 8] [--starts 9]
 
-A real `gpumon serve` process on the stand-in libnvidia-ml.so.1 (tests/fakenvml), so the real
-pynvml path runs as on a GPU machine, with the real host source (psutil). After a warm-up, the
-process's own CPU time (utime + stime from /proc/PID/stat) over --seconds gives its share of a
-core; the median of --repeats windows is reported, with the wake-ups per second of its threads
-(voluntary context switches), since an idle daemon should sleep, not poll.
+Real processes on the stand-in libnvidia-ml.so.1 (tests/fakenvml, 8 GPUs, driver samples every
+1/6 s on the real clock), so the real pynvml path runs as on a GPU machine, with the real host
+source (psutil) and the flight recorder on (the default for GPUs; its segments go to a temporary
+folder), 1 s cadence for both exporters.
 
-Goal (issue 11): at most 0.1% of a core.
+- Idle: in each of --rounds rounds both exporters are started afresh and run side by side; after
+  --warmup, each one's CPU time over --seconds (the kernel's exact per-thread run time,
+  /proc/PID/task/*/schedstat) gives its share of a core, with its wake-ups per second (voluntary
+  context switches). Medians over the rounds, and the ratio gpumon/peer.
+- First sample: spawn to the first answer of /metrics that carries a GPU series, each exporter
+  started --starts times, alternately; medians and the ratio.
+
+Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <= 1.0.
+Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# the first line of each exporter's exposition that carries a GPU's figure
+FIRST_SERIES = {"gpumon": "gpumon_gpu_utilization_ratio{", "nvitop-exporter": "gpu_utilization_Percentage{"}
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+def run_ns(pid: int) -> int:
+    """The process's threads' exact CPU time so far, in ns (sum of their schedstat run times)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended between the listing and the read
+    return total
 
 
 def wakeups(pid: int) -> int:
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if line.startswith("voluntary_ctxt_switches"):
-                total += int(line.split()[1])
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Exporter:
+    name: str
+    argv: Callable[[int, Path], list[str]]
+
+
+def exporters(peer: str | None) -> list[Exporter]:
+    out = [
+        Exporter(
+            "gpumon",
+            lambda port, tmp: [
+                sys.executable,
+                "-m",
+                "gpumon",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--record-dir",
+                str(tmp / f"rec-{port}"),
+            ],
+        )
+    ]
+    if peer == "nvitop-exporter":
+        exe = shutil.which("nvitop-exporter", path=str(Path(sys.executable).parent)) or shutil.which(
+            "nvitop-exporter"
+        )
+        if exe is None:
+            sys.exit("serve_idle: nvitop-exporter is not installed here: pip install -e '.[dev]'")
+        out.append(
+            Exporter(peer, lambda port, tmp: [exe, "--bind-address", "127.0.0.1", "--port", str(port)])
+        )
+    elif peer is not None:
+        sys.exit(f"serve_idle: --peer {peer}: only nvitop-exporter is known")
+    return out
+
+
+def first_series(port: int, prefix: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            body = r.read().decode()
+    except OSError:
+        return False
+    return any(line.startswith(prefix) for line in body.splitlines())
+
+
+def spawn(e: Exporter, env: dict[str, str], tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        e.argv(port, tmp), cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return proc, port
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def time_to_first(e: Exporter, env: dict[str, str], tmp: Path, limit_s: float = 30.0) -> float:
+    began = time.monotonic()
+    proc, port = spawn(e, env, tmp)
+    try:
+        while time.monotonic() - began < limit_s:
+            if first_series(port, FIRST_SERIES[e.name]):
+                return time.monotonic() - began
+            if proc.poll() is not None:
+                sys.exit(f"serve_idle: {e.name} exited with {proc.returncode} before its first sample")
+            time.sleep(0.005)
+        sys.exit(f"serve_idle: no GPU series from {e.name} within {limit_s:g} s")
+    finally:
+        stop(proc)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--peer", choices=["nvitop-exporter"], help="run this exporter beside gpumon")
+    ap.add_argument("--seconds", type=float, default=60, help="each round's measured window")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--warmup", type=float, default=15)
+    ap.add_argument("--warmup", type=float, default=10)
+    ap.add_argument("--starts", type=int, default=9, help="spawns per exporter for the first sample")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.fakenvml import driver
 
-    with tempfile.TemporaryDirectory() as tmp:
+    who = exporters(args.peer)
+    share: dict[str, list[float]] = {e.name: [] for e in who}
+    wakes: dict[str, list[float]] = {e.name: [] for e in who}
+    first: dict[str, list[float]] = {e.name: [] for e in who}
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
         config = driver.simulated_config(
-            Path(tmp), "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
+            tmp, "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
         )
         env = driver.environment(config, PYTHONPATH=str(ROOT))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpumon", "serve", "--listen", "127.0.0.1:0"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            time.sleep(args.warmup)
-            shares, wakes = [], []
-            for _ in range(args.repeats):
-                c0, w0, t0 = cpu_seconds(proc.pid), wakeups(proc.pid), time.monotonic()
+        env.pop("FAKENVML_NOW_US", None)  # the driver's timeline on the real clock
+        for r in range(args.rounds):
+            order = who if r % 2 == 0 else who[::-1]
+            procs = [(e, spawn(e, env, tmp)[0]) for e in order]
+            try:
+                time.sleep(args.warmup)
+                c0 = {e.name: (run_ns(p.pid), wakeups(p.pid)) for e, p in procs}
+                t0 = time.monotonic()
                 time.sleep(args.seconds)
                 dt = time.monotonic() - t0
-                shares.append((cpu_seconds(proc.pid) - c0) / dt)
-                wakes.append((wakeups(proc.pid) - w0) / dt)
-        finally:
-            proc.terminate()
-            proc.wait(10)
+                for e, p in procs:
+                    if p.poll() is not None:
+                        sys.exit(f"serve_idle: {e.name} exited with {p.returncode} during the round")
+                    share[e.name].append((run_ns(p.pid) - c0[e.name][0]) / 1e9 / dt)
+                    wakes[e.name].append((wakeups(p.pid) - c0[e.name][1]) / dt)
+            finally:
+                for _, p in procs:
+                    stop(p)
+            print(
+                f"round {r + 1}: "
+                + "; ".join(f"{n} {share[n][-1] * 100:.3f}% ({wakes[n][-1]:.1f} wake-ups/s)" for n in share),
+                flush=True,
+            )
+        for k in range(args.starts):
+            for e in who if k % 2 == 0 else who[::-1]:
+                first[e.name].append(time_to_first(e, env, tmp))
+    med = statistics.median
     print(
-        f"gpumon serve, {args.gpus} stand-in GPUs, 1 s interval, no scraper: "
-        f"{statistics.median(shares) * 100:.3f}% of a core (median of {args.repeats} x {args.seconds:g} s; "
-        f"each: {', '.join(f'{s * 100:.3f}%' for s in shares)}); "
-        f"{statistics.median(wakes):.1f} wake-ups/s"
+        f"{args.gpus} stand-in GPUs, 1 s cadence, no scraper; medians of {args.rounds} x {args.seconds:g} s:"
     )
+    for e in who:
+        n = e.name
+        idle = (
+            f"idle {med(share[n]) * 100:.3f}% of a core, {med(wakes[n]):.1f} wake-ups/s; " if share[n] else ""
+        )
+        first_s = (
+            f"first GPU series {med(first[n]):.3f} s after spawn "
+            f"(median of {args.starts}; {min(first[n]):.3f}-{max(first[n]):.3f})"
+            if first[n]
+            else ""
+        )
+        print(f"  {n:16s} {idle}{first_s}")
+    if args.peer:
+        ratios = []
+        if args.rounds:
+            ratios.append(f"idle CPU {med(share['gpumon']) / med(share[args.peer]):.2f} (goal <= 0.5)")
+        if args.starts:
+            ratios.append(f"first sample {med(first['gpumon']) / med(first[args.peer]):.2f} (goal <= 1.0)")
+        print(f"gpumon/{args.peer}: " + ", ".join(ratios))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,15 @@ HEAVY = {
     "PIL": "the bench extra, inside the training job only",
     "gpumon.bench": "imports Keras: only the command that runs it",
     "gpumon.integrations.keras": "imports Keras: only inside a Keras job",
+    # what a daemon on real GPUs never runs: its first sample comes sooner without their imports
+    "gpumon.sim": "the simulator: simulated and driven GPUs only",
+    "gpumon.trace.reader": "a replayed trace only",
+    "gpumon.collect.sources.replay": "a replayed trace only",
+    "tomllib": "a config file only",
+    "gpumon.analyze": "the range API's analysis: loaded by the first range asked",
+    "gpumon.serve.recent_range": "the range API's analysis: loaded by the first range asked",
+    "gpumon.serve.pcp": "PCP's dialect: loaded by the first PCP request",
+    "gpumon.collect.sources.kubelet": "the kubelet's client: only where pods are attributed",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed
 (each such import says why in a comment). gpumon/cli/ is the other exception: a command's modules

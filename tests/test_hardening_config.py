@@ -128,7 +128,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def ask(api: AnalysisApi, query: str) -> tuple[int, dict[str, object]]:
-    status, body = asyncio.run(api.answer(query))
+    status, body, _ = asyncio.run(api.answer(query))
     return status, json.loads(body)
 
 

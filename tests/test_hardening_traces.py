@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tracemalloc
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +21,7 @@ from gpumon.trace.reader import WARNINGS_PER_KIND, read_trace
 from gpumon.trace.records import MAX_LINE_BYTES, make_header
 
 from .conftest import gpumon
+from .memory import peak_bytes
 
 HEADER = json.dumps({**make_header({"kind": "simulated"}, 1.0), "version": 2}).encode() + b"\n"
 
@@ -50,15 +50,6 @@ def tick(dt_us: int, util: float = 0.5) -> bytes:
         json.dumps({"dt_us": dt_us, "gpus": [{"index": 0, "util_ratio": util}], "host": None}).encode()
         + b"\n"
     )
-
-
-def peak_bytes(fn: object) -> int:
-    tracemalloc.start()
-    try:
-        fn()  # type: ignore[operator]
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 # -- decompression bombs ---------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 import threading
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from gpumon.trace.segments import list_segments, segment_start
 from gpumon.trace.writer import TraceWriterV2
 
 from .conftest import gpumon
+from .memory import peak_bytes
 
 EPOCH = datetime.datetime(2026, 11, 29, 22, 0, 0, tzinfo=datetime.UTC).timestamp()
 """The recorder's wall clock at the simulation's time 0: 22:00 UTC, 'last night'."""
@@ -253,11 +253,7 @@ def test_analysis_of_a_longer_range_takes_no_more_memory(tmp_path: Path) -> None
     run(tmp_path, 4 * 3600, "starved-cpu", segment_s=600)
 
     def peak(hours: float) -> int:
-        tracemalloc.start()
-        analyze_range(str(tmp_path), EPOCH, EPOCH + hours * 3600)
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        return top
+        return peak_bytes(lambda: analyze_range(str(tmp_path), EPOCH, EPOCH + hours * 3600))
 
     short, long = peak(1), peak(4)
     assert long < 1.3 * short, (short, long)
@@ -309,3 +305,47 @@ def test_sharing_a_range_among_processes_changes_nothing(tmp_path: Path) -> None
     shared = to_json(analyze_range(str(tmp_path), EPOCH, EPOCH + 400, jobs=2))
     assert json.dumps(alone, sort_keys=True) == json.dumps(shared, sort_keys=True)
     assert [g["index"] for g in shared["gpus"]] == [0, 1, 2]
+
+
+def test_a_tick_is_on_disk_and_read_by_analyze_from_within_5_s_of_tick_time(tmp_path: Path) -> None:
+    """The recorder hands ticks to the OS every 5 s of their own time (SYNC_EVERY_S), not every
+    tick: what is older than that is decodable on disk while the segment is still being written."""
+    header = {"type": "header", "format": "gpumon-trace", "hostname": "h", "started_unix_s": EPOCH}
+    header |= {"gpumon_version": "0", "interval_s": 1.0, "source": {"kind": "simulated"}}
+    writer = TraceWriterV2(str(tmp_path / "gpumon-20261129T220000Z.jsonl.gz"), header, sync_every_s=5.0)
+    ticks = [Tick(t_s=float(t), gpus=(), host=None) for t in range(1, 13)]
+    on_disk = []
+    for tick in ticks:
+        writer.write_tick(tick)
+        on_disk.append(len(read_trace(writer.path).ticks))
+    # the first tick at once; then every 5 s of tick time, each sync taking the ticks before it
+    assert on_disk == [1, 1, 1, 1, 1, 6, 6, 6, 6, 6, 11, 11]
+    assert all(n >= i + 1 - 5 for i, n in enumerate(on_disk)), "never more than 5 s of ticks held back"
+    writer.sync()
+    assert len(read_trace(writer.path).ticks) == 12
+    writer.close(writer.last_t_s, "duration")
+    assert read_trace(writer.path).end is not None
+
+
+def test_flush_puts_every_submitted_tick_where_analyze_from_reads_it(tmp_path: Path) -> None:
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, block=True)
+    rec.start()
+    for t in range(1, 4):
+        rec.submit(Tick(t_s=float(t), gpus=(), host=None))
+    rec.flush()
+    (seg,) = list_segments(str(tmp_path))
+    assert len(read_trace(seg.path).ticks) == 3, "a segment still open reads to its last tick"
+    rec.close()
+
+
+def test_a_segment_synced_after_every_tick_by_the_previous_recorder_still_reads(tmp_path: Path) -> None:
+    header = {"type": "header", "format": "gpumon-trace", "hostname": "h", "started_unix_s": EPOCH}
+    header |= {"gpumon_version": "0", "interval_s": 1.0, "source": {"kind": "simulated"}}
+    old = TraceWriterV2(str(tmp_path / "gpumon-20261129T220000Z.jsonl.gz"), header)  # sync_every_s=0
+    new = TraceWriterV2(str(tmp_path / "gpumon-20261129T230000Z.jsonl.gz"), header, sync_every_s=5.0)
+    for w in (old, new):
+        for t in range(1, 31):
+            w.write_tick(Tick(t_s=float(t), gpus=(), host=None))
+        w.close(w.last_t_s, "duration")
+    assert [len(read_trace(w.path).ticks) for w in (old, new)] == [30, 30]
+    assert os.path.getsize(new.path) < os.path.getsize(old.path)

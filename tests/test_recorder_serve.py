@@ -124,36 +124,47 @@ def test_scrapes_go_on_while_an_analysis_runs(daemon: tuple[str, Path]) -> None:
 
     url, _ = daemon
     rec = json.loads(get(url + "/api/v1/state")[1])["recorder"]
+    # the whole recording: older than the daemon's verdict log, so replayed in a process of its own
     query = f"since={iso(rec['oldest_unix_s'])}&until={iso(rec['newest_unix_s'] + 1)}"
     results: list[int] = []
     worker = threading.Thread(target=lambda: results.append(get(f"{url}/api/v1/analysis?{query}")[0]))
     worker.start()
+    scrapes: list[int] = []
+    during = 0
     busy = []
-    slowest = 0.0
     while worker.is_alive():
-        t = time.monotonic()
-        assert get(url + "/metrics", 5)[0] == 200
-        slowest = max(slowest, time.monotonic() - t)
-        busy.append(get(f"{url}/api/v1/analysis?{query}")[0])
+        scrapes.append(get(url + "/metrics", 5)[0])
+        during += worker.is_alive()  # answered, and the analysis still running
+        busy.append(get(f"{url}/api/v1/analysis?since=1h")[0])
     worker.join()
     assert results == [200]
-    assert slowest < 1.0, "a scrape never waits for an analysis"
-    assert set(busy) <= {200, 429}
+    assert scrapes and set(scrapes) == {200} and during >= 1, "a scrape never waits for an analysis"
+    assert set(busy) <= {200, 429}, "another query while one runs: 429 (or its own answer after)"
 
 
-def test_kill_9_loses_at_most_the_last_second(tmp_path: Path) -> None:
+def test_a_recent_range_is_answered_in_process(daemon: tuple[str, Path]) -> None:
+    url, _ = daemon
+    with urllib.request.urlopen(url + "/api/v1/analysis?since=60s", timeout=60) as r:
+        assert r.status == 200 and r.headers["X-Gpumon-Analysis"] in ("in-process", "cached")
+        doc = json.loads(r.read())
+    assert [g["verdict"] for g in doc["gpus"]] == ["starved-cpu", "healthy"]
+    assert 59 <= doc["range"]["ticks"] <= 60  # 60 s of the daemon's clock (simulated, at 20x)
+
+
+def test_kill_9_loses_at_most_the_last_5_seconds(tmp_path: Path) -> None:
     port = free_port()
     proc = start_serve("--simulate", "healthy", "--interval", "0.2", "--record-dir", str(tmp_path), port=port)
     url = f"http://127.0.0.1:{port}"
     try:
-        state = wait_state(url, lambda s: s.get("ticks", 0) >= 15)
+        state = wait_state(url, lambda s: s.get("ticks", 0) >= 40)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     (seg,) = list_segments(str(tmp_path))
     trace = read_trace(seg.path)
     assert trace.end is None and any("without its end" in w for w in trace.warnings)
-    assert len(trace.ticks) >= state["ticks"] - 5, "at most a second of ticks (5 at 0.2 s) lost"
+    # the recorder hands its ticks to the OS every 5 s (SYNC_EVERY_S): 25 at 0.2 s, and the one in hand
+    assert len(trace.ticks) >= state["ticks"] - 26, "at most 5 s of ticks lost"
 
 
 def test_simulated_gpus_are_not_recorded_unless_asked(tmp_path: Path) -> None:

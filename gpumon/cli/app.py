@@ -7,6 +7,7 @@ Every error a user can cause ends in one line on stderr and a documented exit co
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -14,20 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpumon import __version__
-from gpumon.cli import (
-    analyze,
-    bench,
-    demo,
-    devices,
-    dstat_plugin,
-    flags,
-    record,
-    report,
-    scenarios,
-    serve,
-    trace_cmd,
-    watch,
-)
+from gpumon.cli import flags
 from gpumon.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -38,22 +26,25 @@ from gpumon.core.errors import (
     UsageError,
 )
 
-COMMANDS = (
-    devices,
-    scenarios,
-    record,
-    analyze,
-    watch,
-    serve,
-    report,
-    demo,
-    bench,
-    dstat_plugin,
-    trace_cmd,
-)
+COMMANDS = {
+    "devices": "devices",
+    "scenarios": "scenarios",
+    "record": "record",
+    "analyze": "analyze",
+    "watch": "watch",
+    "serve": "serve",
+    "report": "report",
+    "demo": "demo",
+    "bench": "bench",
+    "dstat-plugin": "dstat_plugin",
+    "trace": "trace_cmd",
+}
+"""Each command's name and its module in gpumon.cli, in `gpumon --help`'s order. A command line
+that names one imports only that one's module (`gpumon serve` starts without the others'
+imports: its first sample comes sooner)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpumon", description="Catch GPUs starved by their input pipeline (CPU or storage)."
     )
@@ -62,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     flags.add_common(common, top=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(sub, common)
+    for name, module in COMMANDS.items():
+        if only is None or only not in COMMANDS or name == only:
+            importlib.import_module(f"gpumon.cli.{module}").add_parser(sub, common)
     return p
 
 
@@ -116,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    from gpumon.cli import command_of
+
+    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
     except OutputError as e:  # --help or --version to a full disk (argparse knows only OSError)

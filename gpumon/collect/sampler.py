@@ -191,10 +191,15 @@ class Sampler:
 
     def start(self, first_tick_s: float | None = None) -> None:
         """Take the baseline readings and fix the tick schedule (once; later calls do nothing):
-        the first tick `first_tick_s` after now (default one interval), the others on its grid."""
+        the first tick `first_tick_s` after now (default one interval), the others on its grid.
+
+        A first tick sooner than a quarter of the interval (the daemon's: its first /metrics as
+        soon as the GPUs are read) is itself the baseline of rates: its host sample is missing, as
+        a rate over a few milliseconds would be noise (/proc/stat counts in 10 ms ticks)."""
         if self._start is None:
-            self._prime()
             first = self.interval_s if first_tick_s is None else min(first_tick_s, self.interval_s)
+            if first >= self.interval_s / 4:
+                self._prime()
             self._start = self.clock.now() + first - self.interval_s
             self._k = 1
 

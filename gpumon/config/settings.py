@@ -15,7 +15,6 @@ import ipaddress
 import math
 import os
 import re
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -25,7 +24,6 @@ from typing import Any, TypeVar
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
 from gpumon.core.files import NotRegularFile, read_regular
 from gpumon.detect.thresholds import Thresholds, threshold_limits
-from gpumon.sim.scenarios import SCENARIOS
 
 DEFAULT_PORT = 9877
 """No GPU exporter uses it (dcgm-exporter 9400, mindprince 9445, nvidia-smi exporter 9454,
@@ -123,6 +121,7 @@ def _check_directory(value: str) -> None:
 
 
 def _check_scenarios(value: str) -> None:
+    from gpumon.sim.scenarios import SCENARIOS  # only when --simulate is given
 
     names = [n.strip() for n in value.split(",")]
     if not value.strip() or not all(names):
@@ -599,6 +598,8 @@ def _read_toml(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text (TOML files are UTF-8)") from None
+    import tomllib  # only when there is a file: most daemons start without one
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

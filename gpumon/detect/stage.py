@@ -5,8 +5,11 @@ replays a trace through the sampler on a virtual clock), so live and offline ver
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
+from typing import Any, Protocol, TypeVar
 
 from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.detect.advisor import Advisor
@@ -39,30 +42,21 @@ class HistoriesLike(Protocol):
 
 
 def _recent(items: Sequence[T], since: float) -> tuple[T, ...]:
-    """The items newer than `since`, oldest first, reading a deque of NamedTuples whose first
-    field is their time from its newest end (so a tick costs the window, not the history)."""
-    out = []
-    for item in reversed(items):
-        if item[0] <= since:  # type: ignore[index]
-            break
-        out.append(item)
-    out.reverse()
-    return tuple(out)
+    """The items newer than `since`, oldest first, from a sequence of samples with a `t_s`, in
+    increasing order (the sampler's ring buffers only append later ones). A binary search for the
+    cut and a copy in C: this runs twice per GPU per tick, over a window of ~200 points (a Python
+    loop over them was a fifth of an idle daemon's tick)."""
+    if not items or _time(items[0]) > since:
+        return tuple(items)
+    return tuple(islice(items, bisect_right(items, since, key=_time), None))
 
 
-def _recent_hosts(hosts: Sequence[HostSample], since: float) -> tuple[HostSample, ...]:
-    out = []
-    for h in reversed(hosts):
-        if h.t_s <= since:
-            break
-        out.append(h)
-    out.reverse()
-    return tuple(out)
+_time: Callable[[Any], float] = attrgetter("t_s")
 
 
 def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:
     t = tick.t_s
-    hosts = _recent_hosts(sampler.host_history, t - th.host_window_s)
+    hosts = _recent(sampler.host_history, t - th.host_window_s)
     since = t - th.window_s
     out = []
     for g in tick.gpus:

@@ -1,37 +1,61 @@
 """/api/v1/analysis?since=TIME&until=TIME&gpu=N,M: `gpumon analyze --from` over the flight
-recorder's directory, as JSON.
+recorder's directory, as JSON (docs/recorder.md).
 
-One at a time (429 while one runs), the range at most analysis_max_range_s, in its own niced
-process stopped after analysis_timeout_s: an analysis never holds up the sampler or a scrape, and
-never takes the daemon's memory with it. The process dies with the daemon (PR_SET_PDEATHSIG, and
-killed when the server stops), so a SIGTERM leaves no analysis running. Statuses: 400 for a query
-that cannot be right (unknown parameter, since after until, a range too long), 404 for one that
-finds nothing (no samples, no such GPU), 429/503 to try again later, 500 only for a failure of
+A range that reaches the newest tick and starts within the daemon's verdict log (the last 15
+minutes) is answered in-process from the verdicts the daemon gave (gpumon.serve.recent_range), on
+a thread of its own at nice 19; any other is replayed in its own niced process stopped after
+analysis_timeout_s, which dies with the daemon (PR_SET_PDEATHSIG, and killed when the server
+stops). Answers are cached per (query, thresholds) until a new tick arrives. One analysis at a time:
+the same query shares the running one's answer, another gets 429 (Retry-After: 1). The CPU used
+is charged to a budget (gpumon.serve.cpu_budget): while it is spent, 429 with Retry-After. Nothing
+here runs on the event loop or takes a lock a scrape takes. Statuses: 400 for a query that cannot
+be right (unknown parameter, since after until, a range too long), 404 for one that finds nothing
+(no samples, no such GPU), 429/503 to try again later (with Retry-After), 500 only for a failure of
 gpumon's own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import json
+import logging
+import os
 import re
+import resource
 import shutil
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from gpumon.config.settings import Config
 from gpumon.core.errors import EXIT_BAD_TRACE, EXIT_USAGE
 from gpumon.core.timepoints import iso_utc, time_point
+from gpumon.serve.cpu_budget import CpuBudget
+from gpumon.serve.verdict_log import VerdictLog
+from gpumon.trace.segments import list_segments
 
-Answer = tuple[int, bytes]
+log = logging.getLogger("gpumon")
+
+CACHED_ANSWERS = 16
+"""Answers kept, each for one (query, thresholds), while the data it covers is unchanged."""
 
 
-def _problem(status: int, why: str) -> Answer:
-    return status, json.dumps({"error": why}).encode()
+class Answer(NamedTuple):
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _problem(status: int, why: str, retry_after_s: int | None = None) -> Answer:
+    headers = (("Retry-After", str(retry_after_s)),) if retry_after_s is not None else ()
+    return Answer(status, json.dumps({"error": why}).encode(), headers)
 
 
 def _when(text: str, now: float) -> float:
@@ -58,52 +82,145 @@ def _die_with_parent() -> None:
 
 
 class AnalysisApi:
-    def __init__(self, directory: str | None, settings: Callable[[], Config]) -> None:
+    def __init__(
+        self,
+        directory: str | None,
+        settings: Callable[[], Config],
+        *,
+        recent: VerdictLog | None = None,
+        header: Callable[[], dict[str, Any]] = dict,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        budget: CpuBudget | None = None,
+    ) -> None:
         """`directory`: the recorder's (None: the recorder is off); `settings`: the configuration
-        now (a reload changes the limits and thresholds)."""
+        now (a reload changes the limits and thresholds); `recent`: the daemon's verdicts, for short
+        ranges; `header`: what a recording's header says of the source; `now`: the daemon's clock
+        in Unix time (a simulation's own, at --speed), which relative times count back from."""
         self.directory = directory
         self._settings = settings
-        self._running = False
+        self._recent = recent
+        self._header = header
+        self._now = now
+        self._monotonic = monotonic
+        self.budget = budget or CpuBudget(now=monotonic())
+        self._cache: collections.OrderedDict[Hashable, tuple[Hashable, Answer]] = collections.OrderedDict()
+        self._running: tuple[Hashable, asyncio.Future[Answer]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self.analyses = 0
+        """Analyses run (not answered from the cache): tests and benchmarks read it."""
 
     async def answer(self, query: str) -> Answer:
         if self.directory is None:
             return _problem(404, "the recorder is off (record = off, or simulated GPUs without record_dir)")
-        if self._running:
-            return _problem(429, "an analysis is running: one at a time; try again shortly")
         cfg = self._settings()
         try:
-            q = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=10)
-        except ValueError:
-            return _problem(400, "too many query parameters")
-        unknown = sorted(set(q) - {"since", "until", "gpu"})
-        if unknown:
-            return _problem(400, f"unknown parameter {unknown[0]!r}: since, until and gpu are known")
-        now = time.time()  # one reading: since=1d is exactly a day before until=now
-        try:
-            since = _when(q.get("since", ["1h"])[-1], now)
-            until = _when(q["until"][-1], now) if "until" in q else now
-        except ValueError as e:  # its message names the value
+            asked = _parse(query, self._now(), cfg.analysis_max_range_s)
+        except ValueError as e:  # its message says what to change
             return _problem(400, f"{e}")
-        if until <= since:
-            return _problem(400, "since must come before until")
-        gpus = q.get("gpu", [""])[-1]
-        if gpus and not all(x.strip().isdigit() for x in gpus.split(",")):
-            return _problem(400, f"gpu: expected indices such as 0 or 0,3; got {gpus!r}")
-        limit = cfg.analysis_max_range_s
-        if until - since > limit:
+        since, until, gpus = asked
+        th = cfg.thresholds
+        key = (query, tuple(getattr(th, k) for k in th.__slots__))
+        fresh = self._fresh(until)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == fresh:
+            self._cache.move_to_end(key)
+            return cached[1]._replace(headers=(("X-Gpumon-Analysis", "cached"),))
+        running = self._running
+        if running is not None:
+            if running[0] == key:  # the same question: share its answer
+                return await asyncio.shield(running[1])
+            return _problem(429, "an analysis is running: one at a time; try again shortly", retry_after_s=1)
+        now = self._monotonic()
+        if not self.budget.allows(now):
+            wait = self.budget.retry_after_s(now)
+            share = self.budget.share
             return _problem(
-                400,
-                f"the range is {until - since:.0f} s, more than {limit:g} s: ask for less, or run "
-                "gpumon analyze --from on the host",
+                429,
+                f"the analyses' CPU budget ({share:.0%} of a core) is spent: try again in {wait} s",
+                retry_after_s=wait,
             )
+        done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._running = (key, done)
+        try:
+            result = await self._analyze(since, until, gpus, cfg)
+        except BaseException as e:
+            done.set_exception(e)
+            done.exception()  # retrieved: a waiter that went away leaves no warning
+            raise
+        finally:
+            self._running = None
+        done.set_result(result)
+        if result.status == 200:
+            self._cache[key] = (fresh, result)
+            while len(self._cache) > CACHED_ANSWERS:
+                self._cache.popitem(last=False)
+        return result
+
+    def _fresh(self, until: float) -> Hashable:
+        """What must be unchanged for an answer to stand: the newest tick, for a range that reaches
+        the segment being written; the segments, for one that lies in closed ones."""
+        assert self.directory is not None
+        segments = list_segments(self.directory)
+        if segments and until <= segments[-1].start_unix_s:
+            return tuple((s.path, s.bytes) for s in segments)
+        newest = self._recent.newest_unix_s if self._recent is not None else None
+        return newest if newest is not None else tuple((s.path, s.bytes) for s in segments)
+
+    async def _analyze(self, since: float, until: float, gpus: frozenset[int] | None, cfg: Config) -> Answer:
+        self.analyses += 1
+        if self._recent is not None:
+            loop = asyncio.get_running_loop()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, "gpumon-analysis", initializer=_lower_priority)
+            try:
+                found = await loop.run_in_executor(self._pool, self._in_process, since, until, gpus, cfg)
+            except Exception:  # a bug here costs the fast path, not the answer: the replay gives it
+                log.exception("analysis: the in-process answer failed; replaying the recording instead")
+                found = None
+            if found is not None:
+                return found
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        try:
+            return await self._replay(since, until, gpus, cfg)
+        finally:
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # one analysis at a time: its own
+            used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            self.budget.charge(used, self._monotonic())
+
+    def _in_process(
+        self, since: float, until: float, gpus: frozenset[int] | None, cfg: Config
+    ) -> Answer | None:
+        """On the analysis thread: the answer from the daemon's verdicts (None: replay the range)."""
+        assert self._recent is not None and self.directory is not None
+        # the analysis code, loaded by the first range asked (a daemon's first sample comes sooner)
+        from gpumon.analyze.trace_report import to_json
+        from gpumon.serve.recent_range import analyze_recent
+
+        start = time.thread_time()
+        try:
+            view = self._recent.view()
+            found = None
+            if view is not None:
+                th, header = cfg.thresholds, self._header()
+                found = analyze_recent(view, self.directory, since, until, gpus, th, header)
+            if found is None:
+                return None
+            body = (json.dumps(to_json(found), indent=1) + "\n").encode()
+            return Answer(200, body, (("X-Gpumon-Analysis", "in-process"),))
+        finally:
+            self.budget.charge(time.thread_time() - start, self._monotonic())
+
+    async def _replay(self, since: float, until: float, gpus: frozenset[int] | None, cfg: Config) -> Answer:
+        """`gpumon analyze --from` in a niced process of its own, stopped after analysis_timeout_s."""
+        assert self.directory is not None
         th = cfg.thresholds
         nice = shutil.which("nice")  # coreutils' (where setpriority is filtered, it runs it as is)
         args = [nice, "-n", "19"] if nice else []
         args += [sys.executable, "-m", "gpumon", "analyze", "--json", "--jobs", "1", "--from", self.directory]
         args += ["--since", iso_utc(since), "--until", iso_utc(until)]
-        args += ["--gpu", gpus] if gpus else []
+        args += ["--gpu", ",".join(map(str, sorted(gpus)))] if gpus else []
         args += [f"--threshold={k}={getattr(th, k)}" for k in th.__slots__]
-        self._running = True
         try:
             proc = await asyncio.create_subprocess_exec(
                 *args,
@@ -118,19 +235,54 @@ class AnalysisApi:
                 proc.kill()
                 await proc.wait()
                 limit_s = cfg.analysis_timeout_s
-                return _problem(503, f"the analysis took longer than {limit_s:g} s: ask for a shorter range")
+                return _problem(
+                    503,
+                    f"the analysis took longer than {limit_s:g} s: ask for a shorter range",
+                    retry_after_s=10,
+                )
             except asyncio.CancelledError:  # the server is stopping: the analysis goes with it
                 proc.kill()
                 raise
         except OSError as e:
-            return _problem(503, f"cannot start the analysis: {e.strerror}")
-        finally:
-            self._running = False
+            return _problem(503, f"cannot start the analysis: {e.strerror}", retry_after_s=10)
         if proc.returncode != 0:
             why = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
             why = why.removeprefix("gpumon: error: ").removeprefix("gpumon analyze: error: ")
             return _problem(_status(proc.returncode, why), why)
-        return 200, out
+        return Answer(200, out, (("X-Gpumon-Analysis", "replayed"),))
+
+
+def _parse(query: str, now: float, max_range_s: float) -> tuple[float, float, frozenset[int] | None]:
+    """(since, until, GPU indices or None for all); ValueError saying what is wrong."""
+    try:
+        q = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=10)
+    except ValueError:
+        raise ValueError("too many query parameters") from None
+    unknown = sorted(set(q) - {"since", "until", "gpu"})
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r}: since, until and gpu are known")
+    since = _when(q.get("since", ["1h"])[-1], now)  # one reading of now: since=1d is a day before until
+    until = _when(q["until"][-1], now) if "until" in q else now
+    if until <= since:
+        raise ValueError("since must come before until")
+    gpus = q.get("gpu", [""])[-1]
+    if gpus and not all(x.strip().isdigit() for x in gpus.split(",")):
+        raise ValueError(f"gpu: expected indices such as 0 or 0,3; got {gpus!r}")
+    if until - since > max_range_s:
+        raise ValueError(
+            f"the range is {until - since:.0f} s, more than {max_range_s:g} s: ask for less, or run "
+            "gpumon analyze --from on the host"
+        )
+    return since, until, frozenset(int(x) for x in gpus.split(",")) if gpus else None
+
+
+def _lower_priority() -> None:
+    """The analysis thread at nice 19 (Linux: a thread's nice is its own): under load the sampler
+    and the scrapes come first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
 
 
 def _status(code: int | None, why: str) -> int:

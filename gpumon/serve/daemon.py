@@ -32,10 +32,7 @@ from gpumon.core.problems import Problems
 from gpumon.core.threads import named_thread
 from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
-from gpumon.serve import (
-    health,
-    pcp,  # PCP's dialect, for the few hosts that ask for it
-)
+from gpumon.serve import health
 from gpumon.serve.analysis_api import AnalysisApi
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
@@ -43,14 +40,16 @@ from gpumon.serve.landing import landing_page
 from gpumon.serve.sdnotify import Notifier
 from gpumon.serve.signals import DAEMON_SIGNALS, block_signals, wake_main_thread
 from gpumon.serve.snapshot import GpuCounters, Snapshot, to_state_json
+from gpumon.serve.verdict_log import VerdictLog
 from gpumon.serve.webconfig import load_web_config
 from gpumon.trace.recorder import Recorder, unix_offset_of
 from gpumon.trace.segments import default_directory
 
 log = logging.getLogger("gpumon")
 
-FIRST_TICK_S = 0.1
-"""The first sample comes this soon after start (later ones on the interval's grid)."""
+FIRST_TICK_S = 0.0
+"""The first sample comes as soon as the sources are open (later ones on the interval's grid); it
+carries the GPUs, the host's rates come from the second tick on (Sampler.start)."""
 RECENT_EPISODES = 20
 """Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 
@@ -97,8 +96,16 @@ class Daemon:
         self.pipeline.on_verdicts(self._publish)
         self.snapshot: Snapshot | None = None
         self.exposition = Exposition(lambda: self.snapshot, self.clock.now)
+        th = cfg.thresholds
+        self.recent = (
+            VerdictLog(cfg.interval_s, th.window_s + th.confirm_s) if self.recorder is not None else None
+        )
         self.analysis = AnalysisApi(
-            self.recorder.directory if self.recorder is not None else None, lambda: self.cfg
+            self.recorder.directory if self.recorder is not None else None,
+            lambda: self.cfg,
+            recent=self.recent,
+            header=lambda: {"source": self.sources.description.to_json(), "interval_s": self.cfg.interval_s},
+            now=lambda: self.clock.now() + self._unix_offset(),
         )
         self.freshness = health.NvmlFreshness(self.pipeline.spec.real_gpus, self.clock.now())
         self._ready = threading.Event()
@@ -144,6 +151,10 @@ class Daemon:
             for key, det in self.detector.fleet.gpus.items()
         }
         self.freshness.observe(tick, self.sampler.stats.get(self.sources.gpu.name))
+        unix_offset = self._unix_offset()
+        if self.recent is not None:
+            episodes = {key: c.episodes for key, c in counters.items()}
+            self.recent.record(tick, verdicts, tick.t_s + unix_offset, episodes, RECENT_EPISODES)
         self.snapshot = Snapshot(
             t_s=tick.t_s,
             tick=tick,
@@ -155,7 +166,7 @@ class Daemon:
             source_description=self.sources.description,
             problems=self.pipeline.problems.active(),
             problem_totals=dict(self.pipeline.problems.totals),
-            unix_offset_s=self._unix_offset(),
+            unix_offset_s=unix_offset,
             hostname=self._hostname,
             recorder=self.recorder.stats() if self.recorder is not None else None,
             advice=self._advice(tick.t_s),
@@ -192,6 +203,8 @@ class Daemon:
         return self.exposition.render(accept, gzip_ok)
 
     def render_pcp(self) -> bytes:
+
+        from gpumon.serve import pcp  # PCP's dialect, for the few hosts that ask for it: loaded then
 
         return pcp.render(self.snapshot)
 
@@ -287,6 +300,8 @@ class Daemon:
         ]
         if changed or web.tls != self.web_config.tls:
             log.warning("reload: %s change only on restart", ", ".join(changed) or "turning TLS on or off")
+        if new.thresholds != self.cfg.thresholds and self.recent is not None:
+            self.recent.thresholds_changed(self.clock.now() + self._unix_offset())
         self.pipeline.set_thresholds(new.thresholds)
         logging.getLogger().setLevel(new.log_level.upper())
         if self.web is not None:

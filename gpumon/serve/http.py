@@ -76,8 +76,9 @@ class Routes:
     landing: Callable[[], str]
     pcp: Callable[[], bytes] | None = None
     """/metrics/pcp: a few series in PCP's openmetrics dialect (gpumon.serve.pcp), for pcp-dstat."""
-    analysis: Callable[[str], Awaitable[tuple[int, bytes]]] | None = None
-    """/api/v1/analysis?QUERY: (status, JSON body); awaited on the event loop (it must not block)."""
+    analysis: Callable[[str], Awaitable[tuple[int, bytes, tuple[tuple[str, str], ...]]]] | None = None
+    """/api/v1/analysis?QUERY: (status, JSON body, headers such as Retry-After); awaited on the
+    event loop (it must not block: gpumon.serve.analysis_api runs its work elsewhere)."""
 
 
 def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -570,8 +571,7 @@ class WebServer:
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
         if path == "/api/v1/analysis" and routes.analysis is not None:
             query = request.target.decode("latin-1").partition("?")[2]
-            status, body = await routes.analysis(query)
-            extra = (("Retry-After", "10"),) if status in (429, 503) else ()
+            status, body, extra = await routes.analysis(query)
             return Response(status, body, "application/json", headers=extra), False
         if path in ("/healthz", "/-/healthy"):
             ok, why = routes.health()

@@ -2,9 +2,10 @@
 
 What changes from version 1, and why (measured on a simulated starved-cpu + healthy hour, 1 s
 ticks, driver samples at 1/6 s: benchmarks/trace_size.py):
-- The file is one gzip stream (zlib level 6), flushed (Z_SYNC_FLUSH) after every record, so a
-  process killed at any moment leaves every earlier record decodable, as version 1's flushed
-  lines do. `zcat FILE` shows the JSON Lines inside.
+- The file is one gzip stream (zlib level 6), flushed (Z_SYNC_FLUSH) after every record by
+  `gpumon record`, every 5 s by the daemon's recorder (gpumon.trace.recorder.SYNC_EVERY_S), so a
+  process killed at any moment leaves every record older than that decodable. `zcat FILE`
+  shows the JSON Lines inside.
 - A tick says only what changed: a GPU's field equal to its value in the previous tick of the same
   GPU (by index) in this file is left out; the host object likewise. Absent means "as before";
   `null` means null (a field that went away).

@@ -55,7 +55,8 @@ class TraceWriter:
 
 
 class TraceWriterV2:
-    """Version 2: the same records, compact, in one gzip stream flushed after every record."""
+    """Version 2: the same records, compact, in one gzip stream, made decodable on disk after every
+    record, or (`sync_every_s`) once the ticks not yet on disk span that many seconds."""
 
     def __init__(
         self,
@@ -65,14 +66,20 @@ class TraceWriterV2:
         force: bool = False,
         fsync_every_s: float = FSYNC_EVERY_S,
         origin_s: float = 0.0,
+        sync_every_s: float = 0.0,
     ) -> None:
         """`origin_s`: the caller's clock at the file's t_s 0 (the daemon's recorder starts each
-        segment's times afresh)."""
+        segment's times afresh). `sync_every_s`: a tick is handed to the OS (decodable) by the first
+        tick at least this much later by the ticks' own clock, by `sync()`, or at `close`; 0: each
+        at once. The header always goes at once, so the file is a trace from its start."""
         self.path = path
         self.ticks = 0
         self.last_t_s: float | None = None
         """The file's own time of the last tick written."""
         self._origin = origin_s
+        self._sync_every_s = sync_every_s
+        self._synced_t_s: float | None = None
+        """The file's time of the last tick handed to the OS (None: none written yet)."""
         self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
         self._enc = Encoder(origin_s)
         self._write({**header, "version": 2})
@@ -85,16 +92,35 @@ class TraceWriterV2:
     def bytes(self) -> int:
         return self._out.bytes
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: dict[str, Any], *, sync: bool = True) -> None:
         try:
-            self._out.write(_line(record))
+            self._out.write(_line(record), sync=sync)
         except OutputError as e:
-            raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
+            raise self._kept(e) from None
+
+    def _kept(self, e: OutputError) -> OutputError:
+        if self._sync_every_s:
+            return OutputError(f"{e}; the ticks before the last {self._sync_every_s:g} s are kept")
+        return OutputError(f"{e}; the {self.ticks} ticks before are kept")
 
     def write_tick(self, tick: Tick) -> None:
-        self._write(self._enc.encode(tick))
+        t_s = round(tick.t_s - self._origin, 6)
+        if self._synced_t_s is None:
+            self._synced_t_s = t_s - self._sync_every_s  # the first tick goes at once
+        sync = t_s - self._synced_t_s >= self._sync_every_s
+        self._write(self._enc.encode(tick), sync=sync)
         self.ticks += 1
-        self.last_t_s = round(tick.t_s - self._origin, 6)
+        self.last_t_s = t_s
+        if sync:
+            self._synced_t_s = t_s
+
+    def sync(self) -> None:
+        """Hand every tick written so far to the OS, decodable."""
+        try:
+            self._out.sync()
+        except OutputError as e:
+            raise self._kept(e) from None
+        self._synced_t_s = self.last_t_s
 
     def still_at_path(self) -> bool:
         """False once the file was removed or replaced behind the writer's back."""

@@ -5,20 +5,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpumon.collect.pipeline.sources import OpenedSources, open_sources
 from gpumon.collect.pipeline.spec import AttributionSpec, SourceDescription, SourceSpec
 from gpumon.collect.pipeline.supervisor import StopSupervision, Supervisor
 from gpumon.collect.sampler import DEFAULT_INTERVAL_S, Sampler
 from gpumon.collect.sources.jobs import JobSource
-from gpumon.collect.sources.kubelet import KubeletClient
 from gpumon.core.clock import Clock
 from gpumon.core.model import GpuSample, Tick
 from gpumon.core.problems import Problems
 from gpumon.detect.stage import DetectorSink
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import Verdict
+
+if TYPE_CHECKING:
+    from gpumon.collect.sources.kubelet import KubeletClient
+
 
 log = logging.getLogger("gpumon")
 
@@ -89,6 +92,9 @@ class Pipeline:
         cgroups = attribution.cgroups and spec.kind != "simulated"
         kubelet = None
         if attribution.kubelet_socket is not None:
+            # the kubelet's client: only where pods are attributed (most hosts start without it)
+            from gpumon.collect.sources.kubelet import KubeletClient
+
             kubelet = KubeletClient(self.problems, attribution.kubelet_socket, attribution.kubelet_refresh_s)
             kubelet.start()  # its own thread: the kubelet is never asked on a tick or a scrape
             self._kubelet = kubelet

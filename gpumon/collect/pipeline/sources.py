@@ -7,23 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.collect.pipeline.spec import SourceDescription, SourceSpec
 from gpumon.collect.sampler import GpuSource, HostSourceLike
 from gpumon.collect.sources.host import HostSource, load_psutil
 from gpumon.collect.sources.nvml.source import NvmlSource, load_pynvml
-from gpumon.collect.sources.replay import ReplayHost, ReplaySource
 from gpumon.core.clock import Clock
 from gpumon.core.errors import TraceError
 from gpumon.core.guard import CallGuard
 from gpumon.core.problems import Problems
-from gpumon.sim.driven import driven_fleet
-from gpumon.sim.fakehost import FakeHost
-from gpumon.sim.fakenvml import FakeNvml
-from gpumon.sim.fleet import Fleet
-from gpumon.sim.scenarios import SCENARIOS
-from gpumon.trace.reader import Trace, read_trace
+
+if TYPE_CHECKING:
+    from gpumon.trace.reader import Trace
+
+# The simulator and the trace reader are imported by the kinds that use them, in the functions
+# below: a daemon on real GPUs starts without them (its first sample comes sooner).
 
 
 @dataclass
@@ -56,6 +55,10 @@ def open_sources(
     if spec.kind == "driven":
         return _driven(spec, clock, problems)
     if spec.kind == "simulated":
+        # the simulator, for simulated GPUs only
+        from gpumon.sim.fleet import Fleet
+        from gpumon.sim.scenarios import SCENARIOS
+
         fleet = Fleet(
             [SCENARIOS[n] for n in spec.scenarios], spec.gpus, spec.seed, clock, spec.sample_period_s
         )
@@ -68,6 +71,9 @@ def open_sources(
 
 def simulated(fleet: Any, description: SourceDescription, problems: Problems) -> OpenedSources:
     """A simulated fleet behind the real NvmlSource and HostSource (also for the corpus)."""
+    # the simulator, for simulated GPUs only
+    from gpumon.sim.fakehost import FakeHost
+    from gpumon.sim.fakenvml import FakeNvml
 
     nvml = NvmlSource(FakeNvml(fleet), problems)
     nvml.open()
@@ -77,6 +83,7 @@ def simulated(fleet: Any, description: SourceDescription, problems: Problems) ->
 
 
 def _replay(spec: SourceSpec) -> OpenedSources:
+    from gpumon.trace.reader import read_trace  # replays only
 
     assert spec.file is not None
     return replayed(read_trace(spec.file))
@@ -85,6 +92,7 @@ def _replay(spec: SourceSpec) -> OpenedSources:
 def replayed(trace: Trace) -> OpenedSources:
     """A trace already read, played back (also what `analyze` runs the detector over). A trace
     with no ticks is refused here, the one rule for `analyze` and every replay."""
+    from gpumon.collect.sources.replay import ReplayHost, ReplaySource  # replays only
 
     if not trace.ticks:
         raise TraceError(
@@ -101,6 +109,9 @@ def replayed(trace: Trace) -> OpenedSources:
 
 
 def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources:
+    # the simulator, for a driven GPU only
+    from gpumon.sim.driven import driven_fleet
+    from gpumon.sim.fakenvml import FakeNvml
 
     assert spec.file is not None
     fleet = driven_fleet(spec.file, clock, spec.sample_period_s)

@@ -38,11 +38,15 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpumon.collect.sources.kubelet import KubeletClient, device_key, pod_ref
 from gpumon.core.files import read_regular
 from gpumon.core.model import AttributionStatus, GpuSample, JobRef
 from gpumon.core.problems import Problems
+
+if TYPE_CHECKING:
+    from gpumon.collect.sources.kubelet import KubeletClient
+
 
 log = logging.getLogger("gpumon.jobs")
 
@@ -197,6 +201,9 @@ class JobSource:
             up, why = self._read_dcgm_dir(by_index)
             statuses.append(AttributionStatus("dcgm-mapping", up, why))
         if self.kubelet is not None:
+            # the kubelet's client: only where pods are attributed (most hosts start without it)
+            from gpumon.collect.sources.kubelet import device_key, pod_ref
+
             view = self.kubelet.view
             for d in view.devices:
                 kind, value = device_key(d.device_id)

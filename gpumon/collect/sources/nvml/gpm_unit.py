@@ -47,12 +47,14 @@ _METRIC = struct.Struct("=Iid24x")
 
 
 def activity_of(values: list[float | None]) -> GpmActivity:
-    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1."""
+    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1, to 4 decimals (as
+    round(v, 4), but an integer round: round with ndigits goes through decimal strings, ten times
+    slower, and this runs for every GPU every tick)."""
     for i in range(_RATIOS):
         v = values[i]
         if v is not None:
-            values[i] = round(v if v < 1.0 else 1.0, 4)
-    return GpmActivity(*values)
+            values[i] = round((v if v < 1.0 else 1.0) * 1e4) / 1e4
+    return tuple.__new__(GpmActivity, values)  # GpmActivity(*values) without its Python __new__
 
 
 class _Request:
@@ -67,6 +69,7 @@ class _Request:
             get.metrics[i].metricId = metric_id
         self._get = get
         self._scales = [scale for _, _, scale in metrics]
+        self._kinds = [(scale, name.endswith("_ratio")) for _, name, scale in metrics]
         self._raw: Any = None
         # pynvml's structs check every attribute set in Python; ctypes' own setter does not
         self._set: Callable[[Any, str, Any], None] = setattr
@@ -76,11 +79,37 @@ class _Request:
                 size = _METRIC.size * len(metrics)
                 self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
 
-    def between(self, older: Any, newer: Any) -> list[float | None]:
+    def activity(self, older: Any, newer: Any) -> GpmActivity:
+        """METRICS between two samples as a GpmActivity (activity_of's rules, in one pass over the
+        metrics' memory: this runs for every GPU on every tick)."""
+        if self._raw is None:
+            return activity_of(self.between(older, newer))
+        self._fill(older, newer)
+        return tuple.__new__(  # GpmActivity(*values), without its Python __new__
+            GpmActivity,
+            [
+                None
+                if ret
+                else 0.0
+                if value <= 0
+                else (
+                    round((x if (x := value * scale) < 1.0 else 1.0) * 1e4) / 1e4 if ratio else value * scale
+                )
+                for (_, ret, value), (scale, ratio) in zip(
+                    _METRIC.iter_unpack(self._raw.raw), self._kinds, strict=True
+                )
+            ],
+        )
+
+    def _fill(self, older: Any, newer: Any) -> None:
         get = self._get
         self._set(get, "sample1", older)
         self._set(get, "sample2", newer)
         self._nv.nvmlGpmMetricsGet(get)
+
+    def between(self, older: Any, newer: Any) -> list[float | None]:
+        get = self._get
+        self._fill(older, newer)
         if self._raw is not None:
             found = _METRIC.iter_unpack(self._raw.raw)
             return [
@@ -149,7 +178,7 @@ class GpmUnit:
             value = self._quick.between(self._samples[self._last], self._samples[new])[0]
             quick = None if value is None else min(1.0, value)
         if self._anchor is not None:
-            full = activity_of(self._full.between(self._samples[self._anchor], self._samples[new]))
+            full = self._full.activity(self._samples[self._anchor], self._samples[new])
         self._anchor = new
         self._last, self._last_t = new, t_s
         return quick, full

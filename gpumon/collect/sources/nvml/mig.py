@@ -114,8 +114,9 @@ def processes_of(procs: Any) -> tuple[GpuProcess, ...]:
     """NVML's process entries as GpuProcess values (memory None where not reported)."""
     if not procs:
         return ()
+    new = tuple.__new__  # GpuProcess(...) without its Python __new__: once per process per tick
     out = []
     for p in procs:
         mem = getattr(p, "usedGpuMemory", None)
-        out.append(GpuProcess(int(p.pid), None if mem is None else int(mem)))
+        out.append(new(GpuProcess, (int(p.pid), None if mem is None else int(mem))))
     return tuple(out)

@@ -53,6 +53,10 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+_UNREAD: Any = object()
+"""Not read on the fast path (the careful one reads it)."""
+
+
 def _ratio(percent: int) -> float:
     return percent / 100.0 if 0 <= percent <= 100 else (1.0 if percent > 100 else 0.0)
 
@@ -268,10 +272,12 @@ class NvmlSource(MigReading, ClockReading):
         if state.failing:
             state.failing.clear()
         util = power_mw = limit_mw = temp = rx_kb = tx_kb = None
+        mem = procs = bits = _UNREAD
         read = False
         if state.plain_answered and not state.failing:
             # The usual tick: every plain field has answered before, so all are read without a
-            # wrapper per call (this runs for every GPU on every tick: benchmarks/nvml_cost.py).
+            # wrapper per call (this runs for every GPU on every tick: benchmarks/nvml_cost.py);
+            # so are memory, processes and clock events where they answered on the last tick.
             # Any error: the careful path below.
             try:
                 util = nv.nvmlDeviceGetUtilizationRates(h)
@@ -280,9 +286,14 @@ class NvmlSource(MigReading, ClockReading):
                 temp = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
                 rx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_RX)
                 tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
+                if state.rest_answered:
+                    mem = nv.nvmlDeviceGetMemoryInfo(h, version=self._mem_v2)
+                    procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                    bits = self._clock_fn(h)
                 read = True
-            except self._error_type:
-                pass
+            except (self._error_type, TypeError):  # TypeError: a pynvml patched since (gpustat's)
+                mem = procs = bits = _UNREAD
+                read = False
         if not read:  # field by field, under NVML's rules (gpumon.collect.sources.nvml.codes)
             util = self._field(state, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
@@ -291,13 +302,22 @@ class NvmlSource(MigReading, ClockReading):
             rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
             tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
             state.plain_answered = not state.failing and state.unsupported.isdisjoint(PLAIN_FIELDS)
-        mem = self._memory(state)
-        procs = self._processes(state)
+        if mem is _UNREAD:
+            mem = self._memory(state)
+            procs = self._processes(state)
+            bits = self._clock_read(state)
+            state.rest_answered = (
+                self._mem_v2 is not None
+                and not state.memory_v1
+                and self._clock_fn is not None
+                and None not in (mem, procs, bits)
+                and not state.failing
+            )
         history = self._history(state, t_s)
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.activity is not None:  # no utilization samples here: GPM's activity instead
             history, gpm = self._drain(state, t_s)
-        clock_bits = self._clock_events(state, t_s)
+        clock_bits = self._clock_events(state, t_s, bits)
         if "mig" not in state.unsupported:
             self._scan_migs(state, t_s)
         xids, last_xid = self._xid.seen(index, None)

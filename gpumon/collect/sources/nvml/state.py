@@ -30,6 +30,9 @@ class GpuState:
     plain_answered: bool = False
     """Every plain field (source.PLAIN_FIELDS) answered on the last careful reading: the next
     ticks read them on the fast path."""
+    rest_answered: bool = False
+    """Memory (v2), processes and clock events answered on the last careful reading: the fast
+    path reads them too."""
     mig: int | None = None
     """A MIG instance's GPU instance id (this state is then one of its parent's `migs`)."""
     parent: GpuState | None = None

@@ -1,0 +1,131 @@
+"""Memory of a real `gpumon serve` in real time, with the recorder on, scraped as a fleet scrapes it.
+
+    .venv/bin/python -m benchmarks.soak_serve [--minutes 120] [--gpus 8] [--scrapes-per-s 5]
+                                              [--csv FILE]
+
+A `gpumon serve` process on the stand-in libnvidia-ml.so.1 (tests/fakenvml, 8 GPUs, driver samples
+every 1/6 s on the real clock), 1 s cadence, the flight recorder on (segments in a temporary
+folder). A client scrapes /metrics --scrapes-per-s times a second, half on one keep-alive
+connection and half on a new connection each, and asks /api/v1/state every 10 s. The daemon's
+RSS (/proc/PID/status VmRSS) is read every 30 s; after the first 10 minutes (the detector's
+windows and the recorder's first segment fill, caches warm up) its slope, by least squares, is
+the growth per hour. Goal (issue 29): <= 0.05 MB/h.
+
+benchmarks/soak.py is the accelerated, in-process companion (hours of ticks in minutes, suspects
+measured one at a time); this one is the daemon as deployed, in real time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM_S = 600.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def slope_per_h(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mx = sum(t for t, _ in points) / n
+    my = sum(m for _, m in points) / n
+    den = sum((t - mx) ** 2 for t, _ in points)
+    return sum((t - mx) * (m - my) for t, m in points) / den * 3600 if den else 0.0
+
+
+def port_of(log: Path, limit_s: float = 30.0) -> int:
+    """The port from the daemon's log line "serving on HOST:PORT"."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if "serving on" in line:
+                return int(line.split("serving on", 1)[1].split()[0].rsplit(":", 1)[1])
+        time.sleep(0.1)
+    sys.exit(f"soak_serve: the daemon did not say where it serves:\n{log.read_text()[-2000:]}")
+
+
+def get(conn: http.client.HTTPConnection, path: str) -> None:
+    conn.request("GET", path)
+    r = conn.getresponse()
+    r.read()
+    if r.status != 200:
+        print(f"soak_serve: {path}: HTTP {r.status}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=120)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--scrapes-per-s", type=float, default=5)
+    ap.add_argument("--csv", type=Path, help="write (seconds, RSS MB) here as they come")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tests.fakenvml import driver
+
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        config = driver.simulated_config(
+            tmp, "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
+        )
+        env = driver.environment(config, PYTHONPATH=str(ROOT))
+        env.pop("FAKENVML_NOW_US", None)
+        cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", "127.0.0.1:0", "--log-level", "info"]
+        log = tmp / "serve.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen([*cmd, "--record-dir", str(tmp / "rec")], cwd=tmp, env=env, stderr=err)
+        try:
+            port = port_of(log)
+            keep = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            began = time.monotonic()
+            points: list[tuple[float, float]] = []
+            out = args.csv.open("w") if args.csv else None
+            k = 0
+            next_rss = next_state = 0.0
+            gap = 1.0 / args.scrapes_per_s
+            while (now := time.monotonic() - began) < args.minutes * 60:
+                if k % 2 == 0:
+                    get(keep, "/metrics")
+                else:
+                    fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    get(fresh, "/metrics")
+                    fresh.close()
+                k += 1
+                if now >= next_state:
+                    get(keep, "/api/v1/state")
+                    next_state += 10.0
+                if now >= next_rss:
+                    mb = rss_mb(proc.pid)
+                    points.append((now, mb))
+                    if out:
+                        out.write(f"{now:.0f},{mb:.3f}\n")
+                        out.flush()
+                    next_rss += 30.0
+                time.sleep(max(0.0, began + k * gap - time.monotonic()))
+            after = [p for p in points if p[0] >= WARM_S]
+            first = points[0][1] if points else 0.0
+            print(
+                f"gpumon serve, {args.gpus} stand-in GPUs, recorder on, {args.scrapes_per_s:g} scrapes/s "
+                f"(half new connections) + /api/v1/state every 10 s, {args.minutes:g} min: RSS "
+                f"{first:.1f} MB at start, {points[-1][1]:.1f} MB at the end; slope after 10 min "
+                f"{slope_per_h(after):+.3f} MB/h (goal <= 0.05); {k} scrapes"
+            )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()

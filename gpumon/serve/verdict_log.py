@@ -1,0 +1,133 @@
+"""The verdicts the daemon gave over its last few minutes, kept so that /api/v1/analysis can
+answer a short range in-process (gpumon.serve.recent_range) instead of replaying the recording.
+
+Fed from the sampling thread after each tick (a few tuples per GPU, no copies of samples); read
+from the analysis thread. Appending to a deque and swapping one attribute are atomic, so neither
+side takes a lock the other (or a scrape) could wait on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gpumon.core.model import Tick
+from gpumon.detect.tracker import Episode, Verdict
+
+KEPT_S = 900.0
+"""How far back the log reaches (plus the detector's pre-roll): a longer range is replayed from the
+recording in a process of its own."""
+MAX_TICKS = 20_000
+"""The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One GPU's verdict at one tick, as the range analysis needs it."""
+
+    index: int
+    uuid: str
+    name: str
+    mig: int | None
+    t_s: float
+    label: str
+    since_s: float
+    """When the episode under way began (the detector's clock): which episode the tick belongs to."""
+    wasted_gpu_s: float
+    """The detector's running total (Verdict.wasted_gpu_s)."""
+    jobs: tuple[tuple[str, str | None], ...]
+
+
+class Logged(NamedTuple):
+    unix_s: float
+    t_s: float
+    gpus: tuple[Judged, ...]
+
+
+@dataclass(frozen=True)
+class Latest:
+    """The newest tick logged, with each GPU's episodes then: the last closed ones and the open one."""
+
+    unix_s: float
+    t_s: float
+    episodes: Mapping[tuple[int, str], tuple[Episode, ...]]
+    closed_kept: int
+    """At most this many closed episodes per GPU are in `episodes`: when there are that many,
+    older ones may be missing."""
+
+
+@dataclass(frozen=True)
+class LogView:
+    """A consistent copy: the ticks up to and including `latest`."""
+
+    ticks: list[Logged]
+    latest: Latest
+    thresholds_since_unix_s: float
+    """The thresholds in force were set then (or the log began): older verdicts used others."""
+
+    def index_at(self, unix_s: float) -> int:
+        """The position of the first tick at or after `unix_s`."""
+        return bisect.bisect_left(self.ticks, unix_s, key=lambda e: e.unix_s)
+
+
+class VerdictLog:
+    def __init__(self, interval_s: float, preroll_s: float, kept_s: float = KEPT_S) -> None:
+        ticks = int((kept_s + preroll_s) / interval_s) + 2
+        self._ticks: deque[Logged] = deque(maxlen=min(MAX_TICKS, ticks))
+        self._latest: Latest | None = None
+        self._reset_at = -float("inf")
+        self._labels: dict[str, str] = {}
+
+    def record(
+        self,
+        tick: Tick,
+        verdicts: Iterable[Verdict],
+        unix_s: float,
+        episodes: Mapping[tuple[int, str], tuple[Episode, ...]],
+        closed_kept: int,
+    ) -> None:
+        """From the sampling thread, after each tick."""
+        samples = {(g.index, g.uuid): g for g in tick.gpus}
+        judged = []
+        for v in verdicts:
+            g = samples.get((v.index, v.uuid))
+            jobs = tuple((j.job_id, j.user) for j in g.jobs) if g is not None and g.jobs else ()
+            label = self._labels.setdefault(v.label, sys.intern(v.label))  # one string per label
+            mig = g.mig if g is not None else None
+            judged.append(
+                Judged(
+                    index=v.index,
+                    uuid=v.uuid,
+                    name=v.name,
+                    mig=mig,
+                    t_s=v.t_s,
+                    label=label,
+                    since_s=v.since_s,
+                    wasted_gpu_s=v.wasted_gpu_s,
+                    jobs=jobs,
+                )
+            )
+        self._ticks.append(Logged(unix_s, tick.t_s, tuple(judged)))
+        self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
+
+    def thresholds_changed(self, unix_s: float) -> None:
+        """After a reload that changed the thresholds: verdicts before now were judged by others."""
+        self._reset_at = unix_s
+
+    @property
+    def newest_unix_s(self) -> float | None:
+        latest = self._latest
+        return None if latest is None else latest.unix_s
+
+    def view(self) -> LogView | None:
+        latest = self._latest  # first: every tick up to it is already in the deque
+        if latest is None:
+            return None
+        ticks = list(self._ticks)  # one C call under the GIL: never sees a half-appended deque
+        while ticks and ticks[-1].unix_s > latest.unix_s:
+            ticks.pop()
+        return LogView(ticks, latest, self._reset_at)

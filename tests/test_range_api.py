@@ -1,0 +1,179 @@
+"""/api/v1/analysis for a recent range: answered in-process from the daemon's own verdicts, the same
+as the replay of the recording; cached until a new tick; one at a time; under a CPU budget.
+One simulated daemon for the module, ticked by hand on a virtual clock, recording to a directory."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from gpumon.analyze.trace_report import analyze_range, to_json
+from gpumon.config.settings import Config
+from gpumon.core.clock import VirtualClock
+from gpumon.serve.analysis_api import AnalysisApi, Answer
+from gpumon.serve.cpu_budget import CpuBudget
+from gpumon.serve.daemon import Daemon
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = "starved-cpu,healthy,healthy-then-starved,job-change,stalled,small-kernels"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    clock = VirtualClock()
+    cfg = Config(
+        simulate=SCENARIOS,
+        listen="127.0.0.1:0",
+        record_dir=str(tmp_path_factory.mktemp("recordings")),
+        jobs_dir=str(ROOT / "tests/golden/no-jobs-here"),
+    )
+    d = Daemon(cfg, clock=clock)
+    assert d.recorder is not None
+    d.recorder.start()
+    d.sampler.process_time = lambda: 0.0
+    tick(d, 900)
+    yield d
+    d.recorder.close()
+
+
+def tick(d: Daemon, seconds: float) -> None:
+    """`seconds` more of sampling, written to disk, then the clock a little past the last tick (as
+    a request finds it: the range `since <= t < now` then holds that tick)."""
+    assert d.recorder is not None and isinstance(d.clock, VirtualClock)
+    d.sampler.run(duration_s=seconds)
+    d.recorder.flush()
+    d.clock.advance(0.25)
+
+
+def iso(unix_s: float) -> str:
+    return quote(datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat())
+
+
+def ask(api: AnalysisApi, query: str) -> Answer:
+    return asyncio.run(api.answer(query))
+
+
+def how(a: Answer) -> str | None:
+    return dict(a.headers).get("X-Gpumon-Analysis")
+
+
+def episodes(g: dict) -> list[tuple]:
+    return [(e["label"], e["job"], e["start_unix_s"], e["end_unix_s"]) for e in g["episodes"]]
+
+
+@pytest.mark.parametrize("since", ["10m", "the first minute"])
+def test_in_process_answer_as_the_replay_of_the_recording(daemon: Daemon, since: str) -> None:
+    if since == "the first minute":  # where the jobs change and a healthy GPU starves
+        view = daemon.recent.view() if daemon.recent is not None else None
+        assert view is not None
+        since = iso(view.ticks[0].unix_s + 20.5)  # between two ticks: the recording rounds their times
+    got = ask(daemon.analysis, f"since={since}")
+    assert got.status == 200 and how(got) == "in-process", got.body
+    live = json.loads(got.body)
+    r = live["range"]
+    replayed = to_json(analyze_range(daemon.analysis.directory or "", r["since_unix_s"], r["until_unix_s"]))
+    assert set(live) == set(replayed) and live["schema"] == replayed["schema"]
+    assert live["source"] == replayed["source"] and live["warnings"] == replayed["warnings"] == []
+    for k in ("since_unix_s", "until_unix_s", "origin_unix_s", "segments", "ticks"):
+        assert live["range"][k] == replayed["range"][k], k
+    for k in ("first_unix_s", "last_unix_s"):  # the recording rounds times to the microsecond
+        assert live["range"][k] == pytest.approx(replayed["range"][k], abs=1e-5)
+    assert live["duration_s"] == replayed["duration_s"]
+    assert len(live["gpus"]) == len(replayed["gpus"]) == 6
+    for mine, theirs in zip(live["gpus"], replayed["gpus"], strict=True):
+        same = ("index", "uuid", "name", "mig", "verdict", "final", "jobs", "seconds_in_state", "suggestion")
+        assert {k: mine[k] for k in same} == {k: theirs[k] for k in same}
+        assert set(mine) == set(theirs) and mine["verdicts"] == theirs["verdicts"] == []
+        assert episodes(mine) == episodes(theirs)
+        # waste is summed from values rounded to the milligpu-second, on both sides
+        assert mine["wasted_gpu_s"] == pytest.approx(theirs["wasted_gpu_s"], abs=0.002)
+        for a, b in zip(mine["episodes"], theirs["episodes"], strict=True):
+            assert a["wasted_gpu_s"] == pytest.approx(b["wasted_gpu_s"], abs=0.002)
+    if "T" in since:
+        assert any(len(g["episodes"]) > 1 for g in live["gpus"]), "the range holds a change of state"
+
+
+def test_an_answer_is_reused_until_a_new_tick_arrives(daemon: Daemon) -> None:
+    api = daemon.analysis
+    first = ask(api, "since=5m&gpu=0,1")
+    runs = api.analyses
+    again = ask(api, "since=5m&gpu=0,1")
+    assert how(again) == "cached" and again.body == first.body and api.analyses == runs
+    assert how(ask(api, "since=5m&gpu=1")) == "in-process", "another GPU selection is another answer"
+    tick(daemon, 1)
+    fresh = ask(api, "since=5m&gpu=0,1")
+    assert how(fresh) == "in-process"
+    moved = json.loads(fresh.body)["range"]["last_unix_s"] - json.loads(first.body)["range"]["last_unix_s"]
+    assert moved == pytest.approx(1.0)
+
+
+def test_a_range_older_than_the_daemon_holds_is_replayed(daemon: Daemon) -> None:
+    got = ask(daemon.analysis, "since=14m&until=12m")
+    assert got.status == 200 and how(got) == "replayed", got.body
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def api_over(daemon: Daemon, monotonic: FakeMonotonic) -> AnalysisApi:
+    return AnalysisApi(
+        daemon.analysis.directory,
+        lambda: daemon.cfg,
+        recent=daemon.recent,
+        header=daemon.analysis._header,
+        now=daemon.analysis._now,
+        monotonic=monotonic,
+        budget=CpuBudget(share=0.05, burst_s=3.0, now=monotonic.t),
+    )
+
+
+def test_a_spent_cpu_budget_answers_429_with_retry_after_until_it_refills(daemon: Daemon) -> None:
+    clock = FakeMonotonic()
+    api = api_over(daemon, clock)
+    api.budget.charge(5.0, clock.t)  # a long analysis overdrew it by 2 s
+    refused = ask(api, "since=10m")
+    assert refused.status == 429 and "budget" in json.loads(refused.body)["error"]
+    assert dict(refused.headers)["Retry-After"] == "40"  # 2 CPU-s at 5% of a core
+    clock.t += 39
+    assert ask(api, "since=10m").status == 429
+    clock.t += 1.5
+    assert ask(api, "since=10m").status == 200
+
+
+def test_one_analysis_at_a_time_the_same_question_shares_its_answer(daemon: Daemon) -> None:
+    api = api_over(daemon, FakeMonotonic())
+    release = threading.Event()
+    inner = api._in_process
+
+    def held(*args: object) -> Answer | None:
+        assert release.wait(30)
+        return inner(*args)  # type: ignore[arg-type]
+
+    api._in_process = held  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[Answer, Answer, Answer]:
+        first = asyncio.create_task(api.answer("since=10m"))
+        while api._running is None:
+            await asyncio.sleep(0)
+        second = asyncio.create_task(api.answer("since=10m"))
+        other = await api.answer("since=2m")  # answered at once, while the first is held
+        assert not first.done()
+        release.set()
+        return await first, await second, other
+
+    first, second, other = asyncio.run(scenario())
+    assert first.status == second.status == 200 and first.body == second.body
+    assert api.analyses == 1
+    assert other.status == 429 and dict(other.headers)["Retry-After"] == "1"
