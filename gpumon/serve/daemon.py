@@ -204,9 +204,9 @@ class Daemon:
 
     def render_pcp(self) -> bytes:
 
-        from gpumon.serve import pcp  # PCP's dialect, for the few hosts that ask for it: loaded then
+        from gpumon.serve.pcp import render  # PCP's dialect, for the few hosts that ask: loaded then
 
-        return pcp.render(self.snapshot)
+        return render(self.snapshot)
 
     def state(self) -> dict[str, Any]:
         snap = self.snapshot
