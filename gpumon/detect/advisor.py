@@ -80,7 +80,8 @@ class Advisor:
         ep = self._open.get(key)
         if ep is None:
             return None
-        if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S or ep.advice is None:
+        # (an episode with nothing to advise is asked again after RECOMPUTE_S too, not every tick)
+        if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S:
             ep.advice = self._advise(ep)
             ep.advised_t_s = t_s if t_s is not None else ep.advised_t_s
         return ep.advice
