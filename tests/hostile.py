@@ -5,6 +5,7 @@ that smuggle a body, and a plain raw exchange to see exactly what the server wro
 from __future__ import annotations
 
 import http.client
+import re
 import resource
 import socket
 import struct
@@ -133,6 +134,24 @@ def keepalive_latencies(host: str, port: int, n: int) -> list[float]:
             out.append(time.perf_counter() - t0)
     finally:
         c.close()
+    return out
+
+
+def whole_in_first_read(host: str, port: int, n: int, path: str = "/metrics") -> list[bool]:
+    """`n` requests back to back on one keep-alive connection: for each, whether the whole response
+    (its head and Content-Length bytes of body) came in the first read after the request. A server
+    that writes a response in pieces leaves the later ones to Nagle's algorithm, which holds them
+    until the client's delayed ACK (~40 ms on Linux): the stall this detects, without a clock."""
+    out = []
+    with socket.create_connection((host, port), timeout=10) as s:
+        for _ in range(n):
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            first = s.recv(1 << 20)
+            head, _, body = first.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
+            out.append(len(body) == length)
+            while len(body) < length:  # the rest, to keep the connection in step
+                body += s.recv(1 << 20)
     return out
 
 

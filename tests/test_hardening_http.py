@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -90,9 +89,10 @@ def test_a_request_head_has_a_deadline_as_a_whole_not_per_byte(served: Served) -
 
 
 def test_back_to_back_keepalive_requests_do_not_wait_for_a_delayed_ack(served: Served) -> None:
-    lat = hostile.keepalive_latencies(HOST, served.port, 40)
-    # a response written in pieces waited ~40 ms for each request (the delayed-ACK stall)
-    assert statistics.median(lat) < 0.02, f"median {statistics.median(lat) * 1e3:.1f} ms"
+    # a response written in pieces waited ~40 ms for each request (the delayed-ACK stall): each is
+    # now written at once, so it arrives whole (on loopback, one write of < 64 KiB is one segment)
+    whole = hostile.whole_in_first_read(HOST, served.port, 20)
+    assert all(whole), whole
 
 
 @pytest.mark.parametrize(
