@@ -72,12 +72,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def test_a_slowloris_crowd_does_not_keep_scrapes_out(served: Served) -> None:
     with hostile.slowloris(HOST, served.port, 1000, every_s=0.5) as crowd:
         time.sleep(0.3)
+        held, threads = crowd.open_count(), threads_of(served.proc.pid)
         lat, codes = hostile.scrape_latencies(HOST, served.port, 60, pause_s=0.01)
         assert codes == {200: 60}, codes
         assert hostile.p99(lat) < 0.5, (
             f"p99 {hostile.p99(lat) * 1e3:.0f} ms (the benchmark holds it to 50 ms)"
         )
-        assert crowd.open_count() > 900, "idle connections are held without a thread each"
+    # idle connections are held without a thread each (on a loaded machine the crowd may not all
+    # be open at once: each is closed 2 s after it began, request_timeout_s, however it trickles)
+    assert threads < 20 <= held, (threads, held)
+
+
+def threads_of(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no thread count for {pid}")
 
 
 def test_a_request_head_has_a_deadline_as_a_whole_not_per_byte(served: Served) -> None:
