@@ -3,7 +3,7 @@ recorder's directory, as JSON (docs/recorder.md).
 
 A range that reaches the newest tick and starts within the daemon's verdict log (the last 15
 minutes) is answered in-process from the verdicts the daemon gave (gpumon.serve.recent_range), on
-a thread of its own at nice 19; any other is replayed in its own niced process stopped after
+a thread of its own at nice 19; any other is replayed in its own process at nice 10, stopped after
 analysis_timeout_s, which dies with the daemon (PR_SET_PDEATHSIG, and killed when the server
 stops). Answers are cached per (query, thresholds) until a new tick arrives. One analysis at a time:
 the same query shares the running one's answer, another gets 429 (Retry-After: 1). The CPU used
@@ -43,6 +43,8 @@ from gpumon.trace.segments import list_segments
 
 log = logging.getLogger("gpumon")
 
+REPLAY_NICE = 10
+"""The replaying process's nice value (the in-process analysis thread runs at 19: it is short)."""
 CACHED_ANSWERS = 16
 """Answers kept, each for one (query, thresholds), while the data it covers is unchanged."""
 
@@ -215,8 +217,11 @@ class AnalysisApi:
         """`gpumon analyze --from` in a niced process of its own, stopped after analysis_timeout_s."""
         assert self.directory is not None
         th = cfg.thresholds
-        nice = shutil.which("nice")  # coreutils' (where setpriority is filtered, it runs it as is)
-        args = [nice, "-n", "19"] if nice else []
+        # coreutils' nice (where setpriority is filtered, it runs it as is). 10, not 19: it yields
+        # to every process at the default priority (a tenth of one's weight), yet still moves on a
+        # host whose cores are all busy, where 19 (a seventieth) left it to its timeout
+        nice = shutil.which("nice")
+        args = [nice, "-n", str(REPLAY_NICE)] if nice else []
         args += [sys.executable, "-m", "gpumon", "analyze", "--json", "--jobs", "1", "--from", self.directory]
         args += ["--since", iso_utc(since), "--until", iso_utc(until)]
         args += ["--gpu", ",".join(map(str, sorted(gpus)))] if gpus else []
