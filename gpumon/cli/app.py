@@ -120,6 +120,17 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:  # `gpumon --help | head -3`
         _silence_stdout()
         return EXIT_OK
+    except SystemExit:  # --help, --version: what they wrote must reach stdout now, not at exit
+        try:
+            sys.stdout.flush()
+        except OutputError as e:
+            _silence_stdout()
+            print(f"gpumon: error: {e}", file=sys.stderr)
+            return e.exit_code
+        except BrokenPipeError:
+            _silence_stdout()
+            return EXIT_OK
+        raise
     _setup_logging(args.log_level or "warning")
     if args.command is None:
         parser.print_help(sys.stderr)
