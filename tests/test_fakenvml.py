@@ -255,7 +255,8 @@ def test_process_lists_that_grow_between_calls(library: Path, tmp_path: Path, gr
     makes pynvml raise INSUFFICIENT_SIZE, and gpumon asks again rather than lose the list."""
     config = driver.simulated_config(tmp_path, "healthy", faults=(f"procs_grow 0 {growth}",))
     p, out = record_standin(tmp_path, config, 2)
-    assert p.returncode == 0 and "WARNING" not in p.stderr, p.stderr
+    # no warning about the list (a loaded machine may still log that the sampler fell behind)
+    assert p.returncode == 0 and "processes" not in p.stderr and "ERROR" not in p.stderr, p.stderr
     g = read_trace(str(out)).ticks[-1].gpus[0]
     assert g.available and g.util_ratio is not None
     assert g.processes[0].pid == 40000 and len(g.processes) > growth
