@@ -279,6 +279,72 @@ def test_sigterm_while_record_is_still_starting_is_130(tmp_path: Path, module: s
     assert "Traceback" not in rest and "gpumon: interrupted" in rest
 
 
+SIGTERM_IN_A_FINALIZER = """
+import signal, sys
+from importlib.abc import MetaPathFinder
+
+class DropsDuringImport(MetaPathFinder):
+    # the first import of gpumon.trace.writer frees an object whose __del__ takes the SIGTERM
+    def find_spec(self, name, path, target=None):
+        if name == "gpumon.trace.writer":
+            sys.meta_path.remove(self)
+            Finalized()
+        return None
+
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)
+        sum(range(10))  # the handler runs here, inside the finalizer
+
+sys.meta_path.insert(0, DropsDuringImport())
+sys.argv = ["gpumon", "record", "--simulate", "healthy", "-o", sys.argv[1]]
+from gpumon.cli import main
+sys.exit(main())
+"""
+
+
+def test_sigterm_taken_inside_a_finalizer_is_130_without_a_traceback(tmp_path: Path) -> None:
+    """A SIGTERM whose handler ran inside a finalizer during the imports (gc freeing a cycle at
+    that moment, beside two CPU hogs) was swallowed there and printed as "Exception ignored in:
+    ... Traceback"; the signal is noted all the same, so the report is dropped."""
+    p = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_A_FINALIZER, str(tmp_path / "t.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert p.returncode == 130, p.stderr
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+    assert "(interrupted)" in p.stderr
+
+
+def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_loop() -> None:
+    """While a command's loop runs, Ctrl-C raises Interrupted in the waiting thread; raised inside
+    a finalizer instead, it is swallowed, and the loop used to run on. Now it stops, exit 130."""
+    import threading
+
+    from gpumon import cli
+    from gpumon.cli import flags
+
+    saved = sys.unraisablehook
+    stop = threading.Event()
+    flags._RUNNING.append(stop)
+    try:
+        cli._quiet_when_swallowed()
+
+        class Finalized:
+            def __del__(self) -> None:
+                raise flags.Interrupted("SIGINT")
+
+        Finalized()
+        assert stop.is_set() and flags.interrupted_late()
+    finally:
+        sys.unraisablehook = saved
+        flags._RUNNING.remove(stop)
+        flags._LATE_SIGNALS.clear()
+
+
 def test_sigterm_ends_watch_with_130_after_its_summary() -> None:
     """README "Exit codes": `timeout -s TERM 3 gpumon watch ...` exited 0."""
     proc = subprocess.Popen(

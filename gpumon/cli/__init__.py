@@ -39,6 +39,28 @@ def _term_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def _quiet_when_swallowed() -> None:
+    """A signal whose handler ran inside a finalizer (a __del__, a weakref or gc callback during
+    an import) raises there, and CPython prints the exception it cannot raise further as
+    "Exception ignored in: ... Traceback": a traceback for an ordinary SIGTERM. The signal is
+    already noted (terminated_early) or is noted here (flags.note_swallowed, which also stops a
+    running loop), so that report is dropped; every other one is printed as before."""
+    default = sys.unraisablehook
+
+    def unraisable(info: sys.UnraisableHookArgs) -> None:
+        if info.exc_type is not None and issubclass(info.exc_type, Terminated):
+            return
+        if info.exc_type is not None and info.exc_type.__name__ == "Interrupted":
+            from gpumon.cli.flags import Interrupted, note_swallowed
+
+            if issubclass(info.exc_type, Interrupted):
+                note_swallowed(str(info.exc_value))
+                return
+        default(info)
+
+    sys.unraisablehook = unraisable
+
+
 def command_of(argv: Sequence[str]) -> str | None:
     """The command named by these arguments (the first one that is not an option)."""
     takes_value = {"--log-level"}
@@ -66,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv is None:  # the command line's process (not a caller's, e.g. a test's)
             signal.signal(signal.SIGTERM, _term_as_ctrl_c)
+            _quiet_when_swallowed()
         from gpumon.cli.app import main as run
 
         return run(args)

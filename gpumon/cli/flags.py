@@ -215,6 +215,7 @@ def run_until_done(pipeline: Pipeline, duration_s: float | None) -> RunResult:
     if terminated_early():  # SIGTERM during start-up, its exception swallowed on the way
         return RunResult(True)
     stop = threading.Event()
+    _RUNNING.append(stop)
     errors: list[BaseException] = []
 
     def loop() -> None:
@@ -232,12 +233,25 @@ def run_until_done(pipeline: Pipeline, duration_s: float | None) -> RunResult:
                 worker.join(3600)  # interruptible: a signal's handler raises here
         except Interrupted:
             interrupted = True
+    _RUNNING.remove(stop)
+    interrupted = interrupted or stop.is_set()
     if interrupted:
         stop.set()
         worker.join(10)
     if errors:
         raise errors[0]
     return RunResult(interrupted)
+
+
+_RUNNING: list[threading.Event] = []
+
+
+def note_swallowed(signal_name: str) -> None:
+    """A signal whose Interrupted was raised inside a finalizer and swallowed there (gpumon.cli's
+    unraisable hook calls this): stop the running loop as the signal asked, and exit 130."""
+    _LATE_SIGNALS.append(signal_name)
+    for stop in list(_RUNNING):
+        stop.set()
 
 
 _LATE_SIGNALS: list[str] = []
