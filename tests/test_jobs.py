@@ -214,3 +214,109 @@ def test_one_info_series_per_gpu_and_job_and_the_job_in_state_and_traces(tmp_pat
     assert tick is not None
     again = tick_from_dict(json.loads(json.dumps(tick_to_dict(tick))))
     assert again.gpus[0].jobs == tick.gpus[0].jobs and again.gpus[1].jobs == ()
+
+
+# -- MIG: instances named by their UUIDs (issue 25.5) ---------------------------------------------------
+
+NVIDIA_SMI_L = """\
+GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-0)
+  MIG 3g.40gb     Device  0: (UUID: MIG-aaaa)
+  MIG 2g.20gb     Device  1: (UUID: MIG-bbbb)
+GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-1)
+"""
+
+
+def mig_node() -> list[GpuSample]:
+    """GPU 0 in MIG mode (the parent and its two instances, as NVML lists them), GPU 1 whole."""
+    return [
+        GpuSample(0.0, 0, "GPU-0", "x"),
+        GpuSample(0.0, 0, "MIG-aaaa", "x", mig=1),
+        GpuSample(0.0, 0, "MIG-bbbb", "x", mig=2),
+        GpuSample(0.0, 1, "GPU-1", "x"),
+    ]
+
+
+def fake_nvidia_smi(tmp_path: Path) -> str:
+    path = tmp_path / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\ncat <<'END'\n{NVIDIA_SMI_L}END\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def jobs_by_unit(out: list[GpuSample]) -> dict[str, list[str]]:
+    return {g.uuid: [j.job_id for j in g.jobs] for g in out}
+
+
+def test_a_mig_jobs_prolog_names_exactly_its_instance(tmp_path: Path) -> None:
+    """Slurm gives a MIG instance as a GPU of its own: CUDA_VISIBLE_DEVICES holds its UUID, and
+    SLURM_JOB_GPUS Slurm's own number for it (here 5), which is no NVML index. The job is named on
+    its instance only: not on the parent, not on the sibling, not on a GPU numbered 5."""
+    smi = fake_nvidia_smi(tmp_path)
+    run_prolog(
+        tmp_path / "jobs",
+        SLURM_JOB_ID="42",
+        SLURM_JOB_USER="alice",
+        SLURM_JOB_GPUS="5",
+        CUDA_VISIBLE_DEVICES="MIG-bbbb",
+        GPUMON_NVIDIA_SMI=smi,
+    )
+    assert os.listdir(tmp_path / "jobs") == ["gpu0.mig1.job42"]
+    text = (tmp_path / "jobs" / "gpu0.mig1.job42").read_text()
+    assert "gpu_uuid=MIG-bbbb" in text and "gpu_index=0" in text
+    run_prolog(
+        tmp_path / "jobs", SLURM_JOB_ID="43", SLURM_JOB_USER="bob", CUDA_VISIBLE_DEVICES="GPU-1", GPUMON_NVIDIA_SMI=smi
+    )
+    out = source(tmp_path, cgroups=False).poll(0.0, mig_node())
+    assert jobs_by_unit(out) == {"GPU-0": [], "MIG-aaaa": [], "MIG-bbbb": ["42"], "GPU-1": ["43"]}
+    p = subprocess.run(
+        [str(EPILOG)],
+        env={"PATH": os.environ["PATH"], "GPUMON_JOBS_DIR": str(tmp_path / "jobs"), "SLURM_JOB_ID": "42"},
+        capture_output=True,
+        timeout=30,
+    )
+    assert p.returncode == 0 and os.listdir(tmp_path / "jobs") == ["gpu1.job43"]
+
+
+def test_a_mig_uuid_that_nvidia_smi_does_not_list_writes_nothing(tmp_path: Path) -> None:
+    """A UUID with no GPU index to name the file by is not written (a wrong index would name the
+    wrong GPU); the prolog still exits 0."""
+    run_prolog(
+        tmp_path / "jobs",
+        SLURM_JOB_ID="44",
+        CUDA_VISIBLE_DEVICES="MIG-cccc,MIG-bbbb",
+        GPUMON_NVIDIA_SMI=fake_nvidia_smi(tmp_path),
+    )
+    assert os.listdir(tmp_path / "jobs") == ["gpu0.mig1.job44"]
+    run_prolog(tmp_path / "nosmi", SLURM_JOB_ID="45", CUDA_VISIBLE_DEVICES="MIG-bbbb")  # no nvidia-smi at all
+    assert not (tmp_path / "nosmi").exists() or os.listdir(tmp_path / "nosmi") == []
+
+
+def test_a_mig_file_without_its_instances_uuid_is_skipped_with_its_reason() -> None:
+    with pytest.raises(ValueError, match="needs its gpu_uuid=MIG-"):
+        parse_mapping_file("gpu0.mig1.job7", "gpumon-job v1\njob_id=7\ngpu_uuid=GPU-0\n", None)
+    job = parse_mapping_file("gpu0.mig1.job7", "gpumon-job v1\njob_id=7\ngpu_uuid=MIG-bbbb\n", None)
+    assert (job.gpu_index, job.gpu_uuid, job.job_id) == (0, "MIG-bbbb", "7")
+
+
+def test_the_kubelets_mig_devices_name_their_instances(tmp_path: Path) -> None:
+    """The kubelet lists a MIG slice by its UUID (nvidia.com/mig-3g.40gb): the pod is named on that
+    instance, and neither on the parent GPU nor on the other instance."""
+    from gpumon.collect.sources.kubelet import KubeletView, PodDevice
+
+    class Kubelet:
+        view = KubeletView(
+            (PodDevice("ml", "trainer-0", "main", "nvidia.com/mig-3g.40gb", "MIG-aaaa"),), True, None
+        )
+
+    out = JobSource(
+        Problems(logging.getLogger("test.jobs")),
+        None,
+        cgroups=False,
+        kubelet=Kubelet(),  # type: ignore[arg-type]
+    ).poll(0.0, mig_node())
+    assert {g.uuid: [j.job_id for j in g.jobs] for g in out} == {
+        "GPU-0": [],
+        "MIG-aaaa": ["ml/trainer-0"],
+        "MIG-bbbb": [],
+        "GPU-1": [],
+    }

@@ -52,7 +52,8 @@ log = logging.getLogger("gpumon.jobs")
 
 DEFAULT_JOBS_DIR = "/run/gpumon/jobs"
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
-_FILE = re.compile(r"^gpu(\d+)\.job([0-9A-Za-z_.+-]+)$")
+_FILE = re.compile(r"^gpu(\d+)(\.mig\d+)?\.job([0-9A-Za-z_.+-]+)$")
+"""gpu<INDEX>.job<JOBID>, or gpu<PARENT>.mig<N>.job<JOBID> for a MIG instance (named by its UUID)."""
 _V2 = re.compile(r"^/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)(?:/step_([0-9a-z_]+))?(?:/|$)")
 """cgroup v2: slurmstepd's own scope (`<nodename>_slurmstepd.scope` with several slurmds)."""
 _POD = re.compile(
@@ -87,6 +88,7 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
     m = _FILE.match(name)
     if m is None:
         raise ValueError("not a gpumon job file name (gpu<INDEX>.job<JOBID>)")
+    gpu_index, mig_file, job_in_name = m.group(1), m.group(2), m.group(3)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise ValueError("empty")
@@ -99,10 +101,13 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
             raise ValueError(f"not a key=value line: {ln[:60]!r}")
         values[key] = value
     job = values.get("job_id", "")
-    if not job or job != m.group(2):
+    if not job or job != job_in_name:
         raise ValueError("its job_id does not match its name")
-    if values.get("gpu_index") not in (None, m.group(1)):
+    if values.get("gpu_index") not in (None, gpu_index):
         raise ValueError("its gpu_index does not match its name")
+    uuid = values.get("gpu_uuid") or None
+    if mig_file and not (uuid or "").startswith("MIG-"):
+        raise ValueError("a MIG instance's file (.mig<N>) needs its gpu_uuid=MIG-...")
     if boot_id and values.get("boot_id") and values["boot_id"] != boot_id:
         raise ValueError("stale: written before this machine's last boot")
     array = values.get("array_job_id")
@@ -119,9 +124,7 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
     uid_text = values.get("uid", "")
     uid = int(uid_text) if uid_text.isdigit() and len(uid_text) < 11 else None
     ref = JobRef(values.get("scheduler") or "slurm", shown, values.get("user") or None, None, "prolog")
-    return MappedJob(
-        int(m.group(1)), values.get("gpu_uuid") or None, ref._replace(started_unix_s=started), job, uid
-    )
+    return MappedJob(int(gpu_index), uuid, ref._replace(started_unix_s=started), job, uid)
 
 
 def parse_pod_cgroup(text: str) -> tuple[str, str | None] | None:
@@ -306,7 +309,8 @@ class JobSource:
             if cached.over is not None:
                 continue
             self._raw_ids[job.ref] = job.job_id
-            by_index.setdefault(job.gpu_index, []).append(job.ref)
+            if not (job.gpu_uuid or "").startswith("MIG-"):  # an instance: not its parent, not its siblings
+                by_index.setdefault(job.gpu_index, []).append(job.ref)
             if job.gpu_uuid:
                 by_uuid.setdefault(job.gpu_uuid, []).append(job.ref)
         return True, None
