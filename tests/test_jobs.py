@@ -263,9 +263,8 @@ def test_a_mig_jobs_prolog_names_exactly_its_instance(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "jobs") == ["gpu0.mig1.job42"]
     text = (tmp_path / "jobs" / "gpu0.mig1.job42").read_text()
     assert "gpu_uuid=MIG-bbbb" in text and "gpu_index=0" in text
-    run_prolog(
-        tmp_path / "jobs", SLURM_JOB_ID="43", SLURM_JOB_USER="bob", CUDA_VISIBLE_DEVICES="GPU-1", GPUMON_NVIDIA_SMI=smi
-    )
+    whole = {"SLURM_JOB_USER": "bob", "CUDA_VISIBLE_DEVICES": "GPU-1", "GPUMON_NVIDIA_SMI": smi}
+    run_prolog(tmp_path / "jobs", SLURM_JOB_ID="43", **whole)
     out = source(tmp_path, cgroups=False).poll(0.0, mig_node())
     assert jobs_by_unit(out) == {"GPU-0": [], "MIG-aaaa": [], "MIG-bbbb": ["42"], "GPU-1": ["43"]}
     p = subprocess.run(
