@@ -6,9 +6,11 @@ gres.conf declaring 4 GPUs (device files stand in for /dev/nvidia0-3)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -49,9 +51,10 @@ class Cluster:
         return self.run("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
 
 
-def start_munge() -> None:
+def start_munge() -> int | None:
+    """munged, started if it is not running: its pid if this started it (to stop it after)."""
     if subprocess.run(["sh", "-c", "munge -n | unmunge"], capture_output=True).returncode == 0:
-        return  # already running
+        return None  # already running: the machine's own, left alone
     os.makedirs("/run/munge", exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     if not Path("/etc/munge/munge.key").exists():
@@ -62,6 +65,10 @@ def start_munge() -> None:
     while subprocess.run(["sh", "-c", "munge -n | unmunge"], capture_output=True).returncode != 0:
         assert time.monotonic() < deadline, "munged did not start"
         time.sleep(0.2)
+    try:
+        return int(Path("/run/munge/munged.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +125,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
     )
     (tmp / "gres.conf").write_text(f"Name=gpu File={tmp}/dev/nvidia[0-3]\n")
-    start_munge()
+    munged = start_munge()
     for daemon in ("slurmctld", "slurmd"):
         c.procs.append(
             subprocess.Popen(
@@ -142,6 +149,9 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if munged is not None:  # started here: no daemon outlives the tests
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(munged, signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")

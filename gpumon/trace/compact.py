@@ -21,6 +21,7 @@ version 1 dictionary that gpumon.trace.reader validates, so both versions share 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpumon.core.model import Tick
@@ -44,7 +45,7 @@ class Encoder:
         self._t_us = t_us
         gpus = []
         for g in tick.gpus:
-            full = gpu_to_dict(g)
+            full = _recording_precision(gpu_to_dict(g))
             history = full.pop("util_history")
             key = (g.index, g.mig)  # a MIG instance shares its parent's index
             d: dict[str, Any] = {"index": g.index}
@@ -66,12 +67,46 @@ class Encoder:
             rec["host"] = None
             self._host = None
         else:
-            full_host = host_to_dict(tick.host)
+            full_host = _recording_precision(host_to_dict(tick.host))
             rec["host"] = _changes(self._host, full_host)
             self._host = full_host
         if tick.source_errors:
             rec["source_errors"] = list(tick.source_errors)
         return rec
+
+
+RATIO_DIGITS = 3
+"""The host's shares (CPU, I/O wait, run-queue wait) to 0.1%: their 4th digit is noise that costs
+~0.5 MB a GPU-day once gzipped, and no rule reads it (thresholds are whole percents). GPM's
+activities keep their 4 digits: the waste of `small-kernels` is computed from them, and a replay
+must count the same GPU-seconds as the daemon did live."""
+POWER_DIGITS = 1
+"""Watts to 0.1 W: NVML's milliwatts are below any sensor's accuracy."""
+RATE_DIGITS = 3
+"""Bytes per second to 3 significant digits (0.5% at worst)."""
+
+
+def _significant(value: float, digits: int) -> float:
+    if not value or not math.isfinite(value):
+        return value
+    return float(f"{value:.{digits}g}")
+
+
+def _recording_precision(d: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's or the host's fields (and the host's processes') at the precision version 2
+    records (docs/trace-format.md "Precision"): rounding noise away is most of what a GPU-day
+    costs on disk (benchmarks.trace_size --gpu-day)."""
+    for k, v in d.items():
+        if type(v) is not float:
+            if k == "processes" and v and isinstance(v[0], dict) and "cpu_ratio" in v[0]:
+                d[k] = [_recording_precision(dict(p)) for p in v]
+        elif k.endswith("_ratio") and k not in ("util_ratio", "mem_util_ratio"):
+            d[k] = round(v, RATIO_DIGITS)
+        elif k.endswith("bytes_per_s"):
+            d[k] = _significant(v, RATE_DIGITS)
+        elif k in ("power_w", "power_limit_w"):
+            d[k] = round(v, POWER_DIGITS)
+    return d
 
 
 def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
