@@ -30,12 +30,12 @@ def require_bench() -> None:
         pytest.fail("the bench extra is missing: scripts/test.sh installs keras and torch==2.13.0 (CPU)")
 
 
-def gpumon(*args: str, **kw: object) -> subprocess.Popen[str]:
+def gpumon(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         [sys.executable, "-m", "gpumon", *args],
         cwd=ROOT,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         **kw,

@@ -541,3 +541,104 @@ def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_epis
     assert starved.label == "starved-cpu"
     assert [c for _, c in starved.causes] == [starved.causes[0][1], "cpu"]
     assert starved.causes[-1][0] == 15.0
+
+
+# -- sync-stall from a starved peer of the same job (issue 25.4) ---------------------------------------
+
+
+def two_ranks(
+    busy_power: float,
+    starved_every: int,
+    jobs: tuple[str, str] = ("7", "7"),
+    until_s: int = 40,
+    gap_every: int | None = None,
+) -> list[list]:
+    """GPU 0 busy all the time at `busy_power` of its limit; GPU 1 a burst in every
+    `starved_every` driver samples (its gap share 1 - 1/starved_every), or with `gap_every` a gap
+    in every that many (its gap share 1/gap_every), at the power such a duty draws; each GPU
+    attributed to its job. One verdict per GPU per second, by FleetDetector."""
+    from gpumon.core.model import JobRef
+    from gpumon.detect.tracker import FleetDetector
+
+    fleet = FleetDetector(TH)
+    period = 1 / 6
+    n = round(TH.window_s / period)
+    out: list[list] = []
+    for t in range(2, until_s + 1):
+        end = round(t / period)
+        windows = []
+        for index, job in enumerate(jobs):
+            if index == 0:
+                values = [1.0] * n
+                power = busy_power
+            else:
+                ks = range(end - n + 1, end + 1)
+                if gap_every:
+                    values = [0.0 if k % gap_every == 0 else 1.0 for k in ks]
+                else:
+                    values = [1.0 if k % starved_every == 0 else 0.0 for k in ks]
+                power = 0.1 + 0.7 * sum(values) / n  # idle power in the gaps, a fed GPU's in the bursts
+            w = window(values, period, power=power)
+            shift = t - w.t_s
+            gpu = w.gpu._replace(
+                t_s=float(t),
+                index=index,
+                uuid=f"GPU-{index}",
+                jobs=(JobRef("slurm", job, "a", None, "prolog"),),
+            )
+            windows.append(
+                replace(
+                    w,
+                    t_s=float(t),
+                    gpu=gpu,
+                    samples=(gpu,),
+                    points=tuple(p._replace(t_s=round(p.t_s + shift, 6)) for p in w.points),
+                )
+            )
+        out.append(fleet.feed(windows))
+    return out
+
+
+def settled(verdicts: list[list], gpu: int) -> set[str]:
+    return {v[gpu].label for v in verdicts[15:]}
+
+
+def test_a_rank_busy_beside_a_starved_rank_of_its_job_waits_in_sync_stall() -> None:
+    """Rank 1 starved with 75% gaps; rank 0 busy all the time at 30% of its limit plus a little
+    (more than the absolute rule's 30%: it computes a quarter of each step): it waits about 75%."""
+    verdicts = two_ranks(busy_power=0.32, starved_every=4)
+    assert settled(verdicts, 1) and all(s.startswith("starved") for s in settled(verdicts, 1))
+    assert settled(verdicts, 0) == {"sync-stall"}
+    last = verdicts[-1][0]
+    assert "GPU 1 of the same job is starved (75% gaps)" in last.reason
+    assert last.evidence.waiting_share == pytest.approx(0.75)
+    assert waste_share(last.state, last.evidence) == pytest.approx(0.75), "waste: the time it waits"
+
+
+def test_a_rank_waiting_half_its_time_is_sync_stall_where_the_power_rule_alone_missed_it() -> None:
+    """50% gaps on the straggler: the other rank spins half of each step, at about half a fed
+    GPU's power (45% of its limit), which the absolute rule (<= 30%) never called sync-stall."""
+    assert settled(two_ranks(busy_power=0.45, starved_every=2), 0) == {"sync-stall"}
+
+
+@pytest.mark.parametrize(
+    ("why", "kw"),
+    [
+        (
+            "two jobs side by side never wait for each other",
+            dict(jobs=("7", "8"), busy_power=0.32, starved_every=4),
+        ),
+        (
+            "a peer with a third of gaps makes the others wait less than half",
+            dict(busy_power=0.6, starved_every=1, gap_every=3),
+        ),
+        (
+            "a rank drawing a fed GPU's power computes: it is not waiting",
+            dict(busy_power=0.85, starved_every=4),
+        ),
+    ],
+)
+def test_no_sync_stall_without_a_starved_peer_it_waits_for(why: str, kw: dict) -> None:
+    verdicts = two_ranks(**kw)
+    assert all(s.startswith("starved") for s in settled(verdicts, 1)), "the peer is starved all along"
+    assert settled(verdicts, 0) == {"healthy"}, why

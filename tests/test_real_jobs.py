@@ -256,7 +256,18 @@ def straggler(
     conf.write_text(f'jobs_dir = "{jobs}"\n')
     port = free_port()
     serve = start_serve("--config", str(conf), "--drive", str(drive), port=port)
-    recorder = gpumon("record", "--drive", str(drive), "--duration", "900", "-o", str(trace))
+    # the recorder reads the same job mapping as the daemon: both GPUs are job 7's, so a rank that
+    # waits for its starved peer reads sync-stall however much of the cores the straggler gets
+    recorder = gpumon(
+        "record",
+        "--drive",
+        str(drive),
+        "--duration",
+        "900",
+        "-o",
+        str(trace),
+        env={"GPUMON_JOBS_DIR": str(jobs)},
+    )
     job = gpumon(
         "bench", "--gpus", "2", "--straggler", "1:starved-cpu", "--duration", "36",
         "--drive", str(drive), "--truth", str(truth), "--quiet",
@@ -297,6 +308,10 @@ def test_a_straggler_rank_starves_and_the_other_waits_in_sync_stall(
     )
     assert main_label_while_training(result, truth, 0) == "sync-stall", labels_while_training(
         result, truth, 0
+    )
+    (waiting,) = [g for g in result.gpus if g.index == 0]
+    assert any(v.evidence.waiting_for_gpu == 1 for v in waiting.verdicts), (
+        "rank 0 is judged beside its starved peer (the job's mapping reaches the recorder)"
     )
     records = truth_windows(truth)
     assert {r["gpu"] for r in records} == {0, 1}

@@ -81,7 +81,7 @@ def test_segments_are_aligned_standalone_traces_that_together_hold_every_tick(tm
     total = 0
     for seg in segments:
         trace = read_trace(seg.path)  # each one alone is a whole trace, ended cleanly
-        assert trace.warnings == [] and trace.end is not None and trace.header["version"] == 2
+        assert trace.warnings == [] and trace.end is not None and trace.header["version"] == 3
         started = trace.header["started_unix_s"]
         assert all(seg.start_unix_s <= started + t.t_s < seg.start_unix_s + 61 for t in trace.ticks)
         total += len(trace.ticks)

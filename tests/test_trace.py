@@ -129,7 +129,7 @@ def tick(t: float, **extra) -> dict:
         ([], None, "empty file"),
         (["hello"], 1, "not valid JSON"),
         ([{"type": "tick"}], 1, "not a gpumon trace"),
-        ([dict(HEADER, version=3)], 1, "newer than this gpumon reads"),
+        ([dict(HEADER, version=4)], 1, "newer than this gpumon reads"),
         ([HEADER, tick(1), "{oops", tick(3)], 3, "not valid JSON"),
         ([HEADER, tick(1), tick(0.5)], 3, "goes back in time"),
         ([HEADER, tick(1, util_ratio="high")], 2, "'util_ratio' must be a number"),

@@ -20,6 +20,7 @@ from gpumon.trace.reader import read_trace
 from gpumon.trace.records import tick_to_dict
 
 from .conftest import ROOT, gpumon
+from .test_cli import one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +52,15 @@ def close_enough(a: object, b: object) -> bool:
     return a == b
 
 
-def test_converting_to_version_2_and_back_keeps_every_record_and_verdict(v1: Path, tmp_path: Path) -> None:
+def test_converting_to_version_3_and_back_keeps_every_record_and_verdict(v1: Path, tmp_path: Path) -> None:
     v2, back = tmp_path / "run.gpt", tmp_path / "back.jsonl"
     p = gpumon("trace", "convert", str(v1), str(v2))
-    assert p.returncode == 0 and "version 2" in p.stderr, p.stderr
+    assert p.returncode == 0 and "version 3" in p.stderr, p.stderr
     assert v2.read_bytes()[:2] == b"\x1f\x8b"
     assert v2.stat().st_size < v1.stat().st_size / 8
     assert gpumon("trace", "convert", str(v2), str(back)).returncode == 0
     a, b = read_trace(str(v1)), read_trace(str(v2))
-    assert len(a.ticks) == len(b.ticks) and b.end == a.end and b.header["version"] == 2 and b.warnings == []
+    assert len(a.ticks) == len(b.ticks) and b.end == a.end and b.header["version"] == 3 and b.warnings == []
     assert all(close_enough(tick_to_dict(x), tick_to_dict(y)) for x, y in zip(a.ticks, b.ticks, strict=True))
     again, back_again = tmp_path / "again.gpt", tmp_path / "again.jsonl"
     assert gpumon("trace", "convert", str(back), str(again)).returncode == 0
@@ -71,12 +72,13 @@ def test_converting_to_version_2_and_back_keeps_every_record_and_verdict(v1: Pat
     ]
 
 
-def test_record_writes_version_2_unless_the_name_says_jsonl(tmp_path: Path) -> None:
+def test_record_writes_version_3_unless_the_name_says_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "run.trace"
     p = gpumon("record", "--simulate", "healthy", "--duration", "5", "--speed", "max", "-o", str(out))
-    assert p.returncode == 0 and "(trace format 2)" in p.stderr
+    assert p.returncode == 0 and "(trace format 3)" in p.stderr
     lines = gzip.decompress(out.read_bytes()).decode().splitlines()  # zcat shows JSON Lines
-    assert json.loads(lines[0])["version"] == 2 and "dt_us" in json.loads(lines[1])
+    header = json.loads(lines[0])
+    assert header["version"] == 3 and header["names"]["t"] == "dt_us" and "t" in json.loads(lines[1])
     assert json.loads(lines[-1])["type"] == "end"
     forced = tmp_path / "plain.trace"
     p = gpumon(
@@ -183,3 +185,67 @@ def test_kill_9_of_record_keeps_every_whole_record(tmp_path: Path) -> None:
     trace = read_trace(str(out))
     assert len(trace.ticks) >= 7 and len(trace.ticks) == on_disk - 1  # all but the header
     assert trace.end is None and any("without its end" in w for w in trace.warnings)
+
+
+def test_version_2_is_still_written_on_request_and_reads_as_version_3_does(v1: Path, tmp_path: Path) -> None:
+    """For a gpumon from before version 3 (a fleet upgraded node by node): `--to 2` writes field
+    names in full, and both read back to the same ticks; version 3 is the smaller."""
+    v2, v3 = tmp_path / "run.v2", tmp_path / "run.v3"
+    assert gpumon("trace", "convert", str(v1), str(v2), "--to", "2").returncode == 0
+    assert gpumon("trace", "convert", str(v1), str(v3)).returncode == 0
+    first = gzip.decompress(v2.read_bytes()).decode().splitlines()
+    assert json.loads(first[0])["version"] == 2 and "names" not in json.loads(first[0])
+    assert "dt_us" in json.loads(first[1])
+    a, b = read_trace(str(v2)), read_trace(str(v3))
+    assert a.ticks and [tick_to_dict(t) for t in a.ticks] == [tick_to_dict(t) for t in b.ticks]
+    assert v3.stat().st_size < v2.stat().st_size * 0.95
+
+
+def test_version_3_names_no_field_twice_and_no_short_name_is_a_field() -> None:
+    """A short name that is also some field's full name would be read as the wrong field."""
+    from gpumon.core.model import GpmActivity, GpuSample, HostSample, ProcessCpu
+    from gpumon.trace.compact import NAMES
+    from gpumon.trace.records import gpu_to_dict, host_to_dict
+
+    assert len(set(NAMES.values())) == len(NAMES)
+    gpu = gpu_to_dict(GpuSample(0.0, 0, "GPU-0", "x", mig=1, gpm=GpmActivity(*[0.5] * 10), clock_events=0))
+    proc = ProcessCpu(1, "p", 0.5, 0.5, 0.5, 1, 0.0)
+    host = host_to_dict(HostSample(0.0, 8, 0.5, 0.5, 0.0, 1.0, 0.0, (proc,)))
+    fields = {"dt_us", "gpus", "host", "source_errors", *gpu, *gpu["gpm"], *host, *host["processes"][0]}
+    fields |= {"gpu_mem_bytes", "pid", "error", "jobs", "xids", "last_xid", "clock_event_s"}
+    fields |= {"disk_busy_ratio"}
+    fields |= {"busiest_demand_ratio", "runq_wait_ratio", "blkio_wait_ratio", "age_s"}
+    assert not fields & set(NAMES), fields & set(NAMES)
+    assert fields <= set(NAMES.values()), fields - set(NAMES.values())
+
+
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        ("t=dt_us", "header field 'names' must be an object"),
+        ({"t": "dt_us", "x": "dt_us"}, "two short names to one field"),
+        ({"t": 5}, "must name a field in at most 64 characters"),
+        ({"": "dt_us"}, "must name a field in at most 64 characters"),
+        ({f"k{i}": f"f{i}" for i in range(300)}, "more than 256"),
+    ],
+)
+def test_a_version_3_header_whose_names_are_not_a_table_is_refused(
+    tmp_path: Path, names: object, says: str
+) -> None:
+    path = tmp_path / "bad.trace"
+    path.write_bytes(_v2([{**HEADER, "version": 3, "names": names}, {"t": 1000000, "g": [], "h": None}]))
+    p = gpumon("analyze", str(path))
+    said = one_line_error(p)
+    assert p.returncode == 4 and said.startswith(f"gpumon: error: {path}: record 1 (byte 0): "), p.stderr
+    assert says in p.stderr
+
+
+def test_a_version_3_field_not_in_the_header_table_is_read_by_its_full_name(tmp_path: Path) -> None:
+    """A name the table lacks (a field a later gpumon adds, in full) is read as it is."""
+    path = tmp_path / "partial.trace"
+    names = {"t": "dt_us", "g": "gpus"}
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "x", "available": True, "util_ratio": 0.5}
+    tick = {"t": 1000000, "g": [gpu], "host": None}
+    path.write_bytes(_v2([{**HEADER, "version": 3, "names": names}, tick]))
+    (read,) = read_trace(str(path)).ticks
+    assert read.t_s == 1.0 and read.gpus[0].util_ratio == 0.5

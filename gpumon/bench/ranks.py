@@ -63,6 +63,9 @@ class RankPlan:
     verbose: int
     save: str | None = None
     """Rank 0 saves the trained model: the Keras model itself (the template), not the DDP wrapper."""
+    straggler_passes: int = STRAGGLER_PASSES_PER_RANK
+    """The straggler's augmentation passes per sample, per rank (bench --straggler-passes): how
+    long it holds the others at each step, so how much of it they spend waiting."""
 
 
 def _line(fd: int | None, text: str) -> None:
@@ -107,7 +110,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
         # passes per sample per rank (12 at 2 ranks; the one-device bench does 3), so its work per
         # step is the same at any rank count and it stays far behind: the others spend most of
         # each step in the all-reduce (~80% at 2 ranks on this 2-core machine)
-        data.passes = STRAGGLER_PASSES_PER_RANK * world
+        data.passes = plan.straggler_passes * world
     # the dataset's own worker count, as processes of this rank (the DataLoader's workers)
     loader: torch.utils.data.DataLoader[tuple[object, object]] = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=max(1, data.workers), prefetch_factor=2

@@ -67,6 +67,13 @@ def add_parser(
         metavar="RANK[:PIPELINE]",
         help="starve one rank's input pipeline (default starved-cpu) while the others are fed",
     )
+    s.add_argument(
+        "--straggler-passes",
+        type=int,
+        metavar="N",
+        help="how long the straggler holds the others: its augmentation passes per sample and rank "
+        "(default 6: the others wait ~80%% of each step at 2 ranks on 2 cores; fewer, less)",
+    )
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
@@ -92,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--start-delay: between 0 and 3600 seconds, got {args.start_delay:g}")
     if args.start_delay and (args.gpus != 1 or args.straggler is not None):
         raise UsageError("--start-delay: one GPU only (data-parallel ranks start as torchrun starts them)")
+    if args.straggler_passes is not None and args.straggler is None:
+        raise UsageError("--straggler-passes needs --straggler RANK[:PIPELINE] (and --gpus 2 or more)")
     if args.gpus != 1 or args.straggler is not None:
         return _run_ranks(args)
     if args.starve_after is not None and not 0 < args.starve_after < args.duration:
@@ -182,6 +191,9 @@ def _run_ranks(args: argparse.Namespace) -> int:
     if args.pipeline != "fed":
         raise UsageError("with --gpus, every rank is fed: starve one with --straggler RANK[:PIPELINE]")
     straggler, pipeline = parse_straggler(args.straggler, args.gpus) if args.straggler else (None, "")
+    passes = args.straggler_passes
+    if passes is not None and not 1 <= passes <= 100:
+        raise UsageError(f"--straggler-passes: between 1 and 100, got {passes}")
     backend = os.environ.get("KERAS_BACKEND", "torch")
     if backend == "jax":
         if straggler is not None:
@@ -213,6 +225,7 @@ def _run_ranks(args: argparse.Namespace) -> int:
         truth=args.truth,
         verbose=0 if args.quiet else 1,
         save=args.save,
+        **({"straggler_passes": passes} if passes is not None else {}),
     )
     if args.drive:  # the GPUs exist before the ranks start on them (their start-up is not work)
         with open(args.drive, "a", encoding="utf-8") as f:

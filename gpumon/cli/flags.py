@@ -311,8 +311,9 @@ def add_trace_format(p: argparse.ArgumentParser) -> None:
         "--format",
         dest="trace_format",
         type=int,
-        choices=[1, 2],
+        choices=[1, 2, 3],
         default=None,
-        help="trace format version (docs/trace-format.md): 2, compact and gzipped (default), or 1, "
-        "plain JSON Lines (the default for a FILE ending in .jsonl)",
+        help="trace format version (docs/trace-format.md): 3, compact and gzipped (default), 2, as 3 "
+        "with field names in full (for gpumon 0.1 before 2026-12), or 1, plain JSON Lines (the default "
+        "for a FILE ending in .jsonl)",
     )

@@ -1,4 +1,4 @@
-"""`gpumon trace convert IN OUT`: between trace format versions 1 and 2 (docs/trace-format.md)."""
+"""`gpumon trace convert IN OUT`: between trace format versions 1, 2 and 3 (docs/trace-format.md)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from gpumon.core.errors import EXIT_OK, OutputError
 def add_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    s = sub.add_parser("trace", parents=[common], help="convert a trace between format versions 1 and 2")
+    s = sub.add_parser("trace", parents=[common], help="convert a trace between format versions 1, 2 and 3")
     actions = s.add_subparsers(dest="trace_action", metavar="ACTION", required=True)
     c = actions.add_parser("convert", parents=[common], help="rewrite a trace in another format version")
-    c.add_argument("input", metavar="IN", help="a trace, either version (a daemon's segment too)")
+    c.add_argument("input", metavar="IN", help="a trace, any version (a daemon's segment too)")
     c.add_argument("output", metavar="OUT", help="the trace to write")
     c.add_argument(
         "--to",
         type=int,
-        choices=[1, 2],
+        choices=[1, 2, 3],
         default=None,
-        help="the version to write (default: 1 for an OUT ending in .jsonl, else 2)",
+        help="the version to write (default: 1 for an OUT ending in .jsonl, else 3)",
     )
     c.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     c.set_defaults(func=run)

@@ -91,6 +91,22 @@ def classify(
             f"{duty:.0%} busy at {ev.power_ratio:.0%} of the power limit: kernels spin, "
             "not compute (waiting in a collective?)",
         )
+    waited = ev.waiting_share
+    if duty >= th.sync_min_duty and waited is not None and ev.waiting_for_gpu is not None:
+        gaps = th.sync_peer_gaps - (th.hysteresis if current == State.SYNC_STALL else 0.0)
+        power, theirs = ev.power_ratio, ev.waiting_for_power_ratio
+        margin = th.sync_peer_power_margin
+        drawn = ""
+        if power is not None and theirs is not None:
+            drawn = f", drawing {power:.0%} of its power limit to its {theirs:.0%}"
+        if waited >= gaps and (power is None or theirs is None or power <= theirs + margin):
+            return result(
+                State.SYNC_STALL,
+                None,
+                _conf(waited - gaps, 0.25),
+                f"{duty:.0%} busy while GPU {ev.waiting_for_gpu} of the same job is starved "
+                f"({waited:.0%} gaps){drawn}: waiting for it in a collective about {waited:.0%} of the time",
+            )
     fed = th.fed_duty + (-th.hysteresis if current == State.HEALTHY else th.hysteresis)
     # A window whose older part was fed and whose newer part has bursts and gaps is judged on the
     # newer part: a job that starves now is not healthy because it was fed six seconds ago.

@@ -97,6 +97,14 @@ class Evidence:
     """The host's CPUs (what a fix's prediction counts the free cores of: detect/remedies.py)."""
     disk_busy_ratio: float | None = None
     """The busiest disk's share of time doing I/O over the host window (iostat's %util)."""
+    waiting_for_gpu: int | None = None
+    """Another GPU of the same job (by attribution) that read starved at the previous tick: the
+    rank this one may be waiting for in a collective (FleetDetector sets it; gather() never does)."""
+    waiting_share: float | None = None
+    """That GPU's gap share (1 - its duty cycle): in synchronous data parallelism, the share of
+    each step the job's other ranks spend waiting for it."""
+    waiting_for_power_ratio: float | None = None
+    """That GPU's power, as a share of its limit."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -47,6 +47,13 @@ class Thresholds:
     sync_max_power_ratio: float = _limit(0.30, 0.0, 1.0)
     """Busy-looking (>= 90%) at no more than 30% of the power limit: kernels that spin (NCCL waits)
     rather than compute. Training at 90% duty draws well over half the limit on data-center GPUs."""
+    sync_peer_gaps: float = _limit(0.50, 0.05, 1.0)
+    """Busy-looking (>= sync_min_duty) while another GPU of the same job is starved with at least
+    this share of gaps: in synchronous data parallelism the others wait that share of each step in
+    the collective (the bench's truth calls a rank waiting 50% or more sync-stall)."""
+    sync_peer_power_margin: float = _limit(0.10, 0.0, 1.0)
+    """...and drawing no more than the starved GPU's power plus this share of the limit: a rank
+    that computed all the time would draw what a fed GPU draws, well above a starved one's."""
 
     pinned_core: float = _limit(0.90, 0.01, 64.0)
     """A process (or loader worker) using this much of one core is saturated: under the GIL one

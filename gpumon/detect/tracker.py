@@ -76,6 +76,8 @@ def waste_share(state: State, evidence: Evidence) -> float:
     stalled GPU or one spinning in a collective."""
     if state not in WASTEFUL:
         return 0.0
+    if state == State.SYNC_STALL and evidence.waiting_share is not None:
+        return min(1.0, evidence.waiting_share)  # waiting for a starved rank that share of each step
     if state in (State.STALLED, State.SYNC_STALL) or evidence.duty_cycle is None:
         return 1.0
     if state == State.UNDERUTILIZED and evidence.sm_active is not None:
@@ -155,13 +157,24 @@ class StarvationDetector:
     def current(self) -> Episode | None:
         return self._as_episode(self._open, None) if self._open else None
 
-    def feed(self, window: GpuWindow, mig_instances: int = 0) -> Verdict:
-        """`mig_instances`: the GPU is in MIG mode with that many instances (judged on their own)."""
+    def feed(self, window: GpuWindow, mig_instances: int = 0, waiting_for: Verdict | None = None) -> Verdict:
+        """`mig_instances`: the GPU is in MIG mode with that many instances (judged on their own).
+        `waiting_for`: the previous verdict of another GPU of the same job, starved then (the
+        rank this one may wait for: FleetDetector finds it)."""
         th = self.thresholds
         t = window.t_s
         self._index, self._uuid = window.gpu.index, window.gpu.uuid
         new_job = self._follow_job(window)
         ev = gather(window, th, self._job_work_since, self._job_arrival)
+        theirs_duty = waiting_for.evidence.duty_cycle if waiting_for is not None else None
+        if waiting_for is not None and theirs_duty is not None:
+            theirs = waiting_for.evidence
+            ev = replace(
+                ev,
+                waiting_for_gpu=waiting_for.index,
+                waiting_share=round(1.0 - theirs_duty, 4),
+                waiting_for_power_ratio=theirs.power_ratio,
+            )
         starting_s = self._starting_s(t, ev, len(window.hosts))
         # A window not yet full (just started, samples missing) lowers the confidence.
         expected = round(th.window_s / ev.period_s) if ev.period_s else None
@@ -337,18 +350,55 @@ class FleetDetector:
     def __init__(self, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
         self.thresholds = thresholds
         self.gpus: dict[tuple[int, str], StarvationDetector] = {}
+        self._last: dict[tuple[int, str], Verdict] = {}
+        """The previous tick's verdicts: a GPU's starved peers are read from them."""
 
     def feed(self, windows: list[GpuWindow]) -> list[Verdict]:
         instances: dict[int, int] = {}
         for w in windows:
             if w.gpu.mig is not None:
                 instances[w.gpu.index] = instances.get(w.gpu.index, 0) + 1
+        starved = self._starved_by_job(windows)
         out = []
+        last: dict[tuple[int, str], Verdict] = {}
         for w in windows:
             key = (w.gpu.index, w.gpu.uuid)
             det = self.gpus.get(key)
             if det is None:
                 det = self.gpus[key] = StarvationDetector(self.thresholds)
             parent_of = instances.get(w.gpu.index, 0) if w.gpu.mig is None else 0
-            out.append(det.feed(w, mig_instances=parent_of))
+            peer = self._waited_for(w, key, starved) if starved and w.gpu.mig is None else None
+            verdict = det.feed(w, mig_instances=parent_of, waiting_for=peer)
+            last[key] = verdict
+            out.append(verdict)
+        self._last = last
         return out
+
+    def _starved_by_job(self, windows: list[GpuWindow]) -> dict[tuple[str, str], list[Verdict]]:
+        """The GPUs starved at the previous tick, by each job they are attributed to (MIG
+        instances aside: their power is not their own)."""
+        out: dict[tuple[str, str], list[Verdict]] = {}
+        previous = self._last
+        if not previous:
+            return out
+        for w in windows:
+            v = previous.get((w.gpu.index, w.gpu.uuid))
+            if v is None or v.state != State.STARVED or w.gpu.mig is not None:
+                continue
+            for job in w.gpu.jobs:
+                out.setdefault((job.scheduler, job.job_id), []).append(v)
+        return out
+
+    def _waited_for(
+        self, w: GpuWindow, key: tuple[int, str], starved: dict[tuple[str, str], list[Verdict]]
+    ) -> Verdict | None:
+        """The starved GPU of this GPU's own job with the most gaps, if any: the rank it would be
+        waiting for. Only GPUs attributed to a job have peers (two jobs side by side never wait
+        for each other)."""
+        found = [
+            v
+            for job in w.gpu.jobs
+            for v in starved.get((job.scheduler, job.job_id), ())
+            if (v.index, v.uuid) != key and v.evidence.duty_cycle is not None
+        ]
+        return min(found, key=lambda v: v.evidence.duty_cycle or 0.0) if found else None

@@ -30,10 +30,151 @@ from gpumon.trace.records import BadRecord, gpu_to_dict, host_to_dict
 _MISSING = object()
 
 
+NAMES: dict[str, str] = {
+    # a tick
+    "t": "dt_us",
+    "g": "gpus",
+    "h": "host",
+    "E": "source_errors",
+    # a GPU (and a MIG instance)
+    "i": "index",
+    "m": "mig",
+    "u": "uuid",
+    "n": "name",
+    "a": "available",
+    "U": "util_ratio",
+    "M": "mem_util_ratio",
+    "P": "power_w",
+    "L": "power_limit_w",
+    "T": "temp_c",
+    "R": "pcie_rx_bytes_per_s",
+    "X": "pcie_tx_bytes_per_s",
+    "mu": "mem_used_bytes",
+    "mt": "mem_total_bytes",
+    "p": "processes",
+    "s": "util_history",
+    "e": "error",
+    "j": "jobs",
+    "G": "gpm",
+    "ce": "clock_events",
+    "cs": "clock_event_s",
+    "x": "xids",
+    "lx": "last_xid",
+    # a process on a GPU
+    "k": "pid",
+    "gm": "gpu_mem_bytes",
+    # GPM's activities
+    "ga": "graphics_ratio",
+    "sa": "sm_active_ratio",
+    "so": "sm_occupancy_ratio",
+    "tn": "tensor_ratio",
+    "dw": "dram_bw_ratio",
+    "f16": "fp16_ratio",
+    "f32": "fp32_ratio",
+    "f64": "fp64_ratio",
+    # the host, and its processes
+    "cn": "cpu_count",
+    "c": "cpu_ratio",
+    "bc": "busiest_core_ratio",
+    "w": "iowait_ratio",
+    "l": "load1",
+    "dr": "disk_read_bytes_per_s",
+    "db": "disk_busy_ratio",
+    "cc": "children_cpu_ratio",
+    "bcc": "busiest_child_cpu_ratio",
+    "ch": "children",
+    "rb": "read_bytes_per_s",
+    "bd": "busiest_demand_ratio",
+    "rq": "runq_wait_ratio",
+    "bw": "blkio_wait_ratio",
+    "age": "age_s",
+}
+"""Version 3's field names, short -> long, written in each file's header (`names`): a tick's field
+names, written in full on every tick, were a sixth of a GPU-day once gzipped. The reader takes the
+table from the header, so a file says how to read itself; a name not in it is read as it is
+(a field added later). Jobs, errors, and the keys of `clock_event_s` and `xids` (which are data,
+not field names) are never renamed."""
+
+_SHORT = {long: short for short, long in NAMES.items()}
+MAX_NAMES = 256
+"""A header's `names` table is refused beyond this many entries (or names beyond 64 characters)."""
+
+
+def _keys(d: dict[str, Any], table: dict[str, str]) -> dict[str, Any]:
+    return {table.get(k, k): v for k, v in d.items()}
+
+
+def _unit_long(d: dict[str, Any], short: dict[str, str]) -> dict[str, Any]:
+    """A GPU or the host, in long names -> in short names (its processes and GPM too)."""
+    out = dict(d)
+    procs = out.get("processes")
+    if type(procs) is list:
+        out["processes"] = [_keys(p, short) if type(p) is dict else p for p in procs]
+    gpm = out.get("gpm")
+    if type(gpm) is dict:
+        out["gpm"] = _keys(gpm, short)
+    return _keys(out, short)
+
+
+def shorten(rec: dict[str, Any], short: dict[str, str] = _SHORT) -> dict[str, Any]:
+    """A version 2 tick record -> version 3's (field names by `short`: long -> short)."""
+    out = dict(rec)
+    gpus = out.get("gpus")
+    if type(gpus) is list:
+        out["gpus"] = [_unit_long(g, short) for g in gpus]
+    host = out.get("host")
+    if type(host) is dict:
+        out["host"] = _unit_long(host, short)
+    return _keys(out, short)
+
+
+def _unit_short(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    out = _keys(d, names)
+    procs = out.get("processes")
+    if type(procs) is list:
+        out["processes"] = [_keys(p, names) if type(p) is dict else p for p in procs]
+    gpm = out.get("gpm")
+    if type(gpm) is dict:
+        out["gpm"] = _keys(gpm, names)
+    return out
+
+
+def expand(rec: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A version 3 tick record -> version 2's (field names by the header's `names`: short -> long);
+    a name not in the table is kept as it is."""
+    out = _keys(rec, names)
+    gpus = out.get("gpus")
+    if type(gpus) is list:
+        out["gpus"] = [_unit_short(g, names) if type(g) is dict else g for g in gpus]
+    host = out.get("host")
+    if type(host) is dict:
+        out["host"] = _unit_short(host, names)
+    return out
+
+
+def names_from_header(value: Any) -> dict[str, str]:
+    """A version 3 header's `names` -> the table to read its ticks by; ValueError(why) if it is
+    not one (not an object, too large, a name not a short string, two short names for one field)."""
+    if type(value) is not dict:
+        kind = type(value).__name__
+        raise ValueError(f"header field 'names' must be an object (short name -> field), got {kind}")
+    if len(value) > MAX_NAMES:
+        raise ValueError(f"header field 'names' has {len(value)} entries, more than {MAX_NAMES}")
+    for short, long in value.items():
+        if type(long) is not str or not 0 < len(short) <= 64 or not 0 < len(long) <= 64:
+            name = str(short)[:40]
+            raise ValueError(f"header field 'names': {name!r} must name a field in at most 64 characters")
+    if len(set(value.values())) != len(value):
+        raise ValueError("header field 'names' gives two short names to one field")
+    return dict(value)
+
+
 class Encoder:
-    def __init__(self, origin_s: float = 0.0) -> None:
-        """`origin_s`: the writer's clock at the file's start (its t_s 0)."""
+    def __init__(self, origin_s: float = 0.0, short_names: bool = False) -> None:
+        """`origin_s`: the writer's clock at the file's start (its t_s 0). `short_names`: version
+        3's records (NAMES), else version 2's."""
         self._origin = origin_s
+        self._short = short_names
         self._t_us = 0
         self._gpus: dict[tuple[int, int | None], dict[str, Any]] = {}
         self._host: dict[str, Any] | None = None
@@ -72,7 +213,7 @@ class Encoder:
             self._host = full_host
         if tick.source_errors:
             rec["source_errors"] = list(tick.source_errors)
-        return rec
+        return shorten(rec) if self._short else rec
 
 
 RATIO_DIGITS = 3
@@ -118,13 +259,17 @@ def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: tuple[str,
 
 
 class Decoder:
-    def __init__(self) -> None:
+    def __init__(self, names: dict[str, str] | None = None) -> None:
+        """`names`: a version 3 header's table (its records' short names), None for version 2."""
+        self._names = names
         self._t_us = 0
         self._gpus: dict[tuple[int, Any], dict[str, Any]] = {}
         self._host: dict[str, Any] | None = None
 
     def decode(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """A version 2 tick record -> the version 1 tick dictionary it stands for."""
+        """A version 2 (or 3) tick record -> the version 1 tick dictionary it stands for."""
+        if self._names is not None:
+            rec = expand(rec, self._names)
         dt = rec.get("dt_us")
         if not isinstance(dt, int) or isinstance(dt, bool) or dt < 0 or dt > 1e17:
             raise BadRecord(f"field 'dt_us' must be a whole number of microseconds >= 0, got {dt!r}")

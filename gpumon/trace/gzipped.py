@@ -1,4 +1,4 @@
-"""Version 2's container: JSON records in one gzip stream (zlib level 6), made decodable on disk by a
+"""Version 2's container: JSON records in one gzip stream (zlib level 9), made decodable on disk by a
 sync flush (after every record, or every few seconds: the writer's caller decides), and read back
 line by line with bounded memory."""
 
@@ -10,8 +10,9 @@ from typing import Any
 
 from gpumon.trace.durable import FSYNC_EVERY_S, DurableFile
 
-LEVEL = 6
-"""Not 9: 5-7% smaller, but about 10 us more CPU per tick (benchmarks/trace_size.py, issue 29)."""
+LEVEL = 9
+"""9, not zlib's default 6: 7-8% smaller for a few microseconds more CPU per tick and file, a
+thousandth of a percent of a core at 1 s ticks (benchmarks/trace_size.py --gpu-day, issue 29)."""
 GZIP_MAGIC = b"\x1f\x8b"
 
 

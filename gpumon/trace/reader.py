@@ -16,7 +16,7 @@ from typing import Any
 from gpumon.core.errors import TraceError
 from gpumon.core.files import NotRegularFile, open_regular
 from gpumon.core.model import Tick
-from gpumon.trace.compact import Decoder
+from gpumon.trace.compact import Decoder, names_from_header
 from gpumon.trace.gzipped import GZIP_MAGIC, MAX_RATIO, GzipLines, TooCompressed
 from gpumon.trace.records import (
     FORMAT,
@@ -295,6 +295,11 @@ class _Reader:
             )
         if version == 2:  # compact ticks (also read from a zcat'd copy, and v1 from a gzipped one)
             self.decoder = Decoder()
+        elif version == 3:  # version 2 with short field names, their table in the header
+            try:
+                self.decoder = Decoder(names_from_header(record.get("names")))
+            except ValueError as e:
+                raise self._error(lineno, str(e)) from None
         source = record.get("source", {})
         if not isinstance(source, dict):
             raise self._error(lineno, f"header field 'source' must be an object, got {type(source).__name__}")

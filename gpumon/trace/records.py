@@ -26,8 +26,9 @@ from gpumon.core.model import (
 )
 
 FORMAT = "gpumon-trace"
-VERSION = 2
-"""The newest version read and, by default, written (version 1: plain JSON Lines; 2: compact, gzipped)."""
+VERSION = 3
+"""The newest version read and, by default, written (version 1: plain JSON Lines; 2: compact,
+gzipped; 3: version 2 with short field names, their table in the header)."""
 MAX_GAP_S = 7 * 86400.0
 """The largest step between two ticks a reader accepts: a recorder suspended for a week is still
 read; a `t_s` of 1e12 (an edited or corrupt line, two recordings joined) is refused, naming the

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpumon.core.errors import OutputError
 from gpumon.core.model import Tick
-from gpumon.trace.compact import Encoder
+from gpumon.trace.compact import NAMES, Encoder
 from gpumon.trace.durable import FSYNC_EVERY_S, DurableFile
 from gpumon.trace.gzipped import GzipRecordWriter
 from gpumon.trace.records import VERSION, tick_to_dict
@@ -67,8 +67,10 @@ class TraceWriterV2:
         fsync_every_s: float = FSYNC_EVERY_S,
         origin_s: float = 0.0,
         sync_every_s: float = 0.0,
+        version: int = VERSION,
     ) -> None:
-        """`origin_s`: the caller's clock at the file's t_s 0 (the daemon's recorder starts each
+        """`version`: 2, or 3 (version 2 with short field names, their table in the header).
+        `origin_s`: the caller's clock at the file's t_s 0 (the daemon's recorder starts each
         segment's times afresh). `sync_every_s`: a tick is handed to the OS (decodable) by the first
         tick at least this much later by the ticks' own clock, by `sync()`, or at `close`; 0: each
         at once. The header always goes at once, so the file is a trace from its start."""
@@ -81,8 +83,10 @@ class TraceWriterV2:
         self._synced_t_s: float | None = None
         """The file's time of the last tick handed to the OS (None: none written yet)."""
         self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
-        self._enc = Encoder(origin_s)
-        self._write({**header, "version": 2})
+        if version not in (2, 3):
+            raise ValueError(f"TraceWriterV2 writes versions 2 and 3, not {version}")
+        self._enc = Encoder(origin_s, short_names=version == 3)
+        self._write({**header, "version": version, **({"names": NAMES} if version == 3 else {})})
 
     @property
     def failed(self) -> bool:
@@ -140,11 +144,11 @@ def open_writer(
 ) -> TraceWriter | TraceWriterV2:
     if version == 1:
         return TraceWriter(path, {**header, "version": 1}, force=force)
-    return TraceWriterV2(path, header, force=force)
+    return TraceWriterV2(path, header, force=force, version=version)
 
 
 def version_for(path: str, asked: int | None) -> int:
-    """The version `record -o PATH` writes: as asked, else 1 for a `.jsonl` name, else 2."""
+    """The version `record -o PATH` writes: as asked, else 1 for a `.jsonl` name, else the newest."""
     if asked is not None:
         return asked
     return 1 if path.endswith(".jsonl") else VERSION
