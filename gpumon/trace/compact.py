@@ -186,7 +186,7 @@ class Encoder:
         self._t_us = t_us
         gpus = []
         for g in tick.gpus:
-            full = _recording_precision(gpu_to_dict(g))
+            full = _gpu_precision(gpu_to_dict(g))
             history = full.pop("util_history")
             key = (g.index, g.mig)  # a MIG instance shares its parent's index
             d: dict[str, Any] = {"index": g.index}
@@ -208,7 +208,7 @@ class Encoder:
             rec["host"] = None
             self._host = None
         else:
-            full_host = _recording_precision(host_to_dict(tick.host))
+            full_host = _host_precision(host_to_dict(tick.host))
             rec["host"] = _changes(self._host, full_host)
             self._host = full_host
         if tick.source_errors:
@@ -233,20 +233,46 @@ def _significant(value: float, digits: int) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def _recording_precision(d: dict[str, Any]) -> dict[str, Any]:
-    """A GPU's or the host's fields (and the host's processes') at the precision version 2
-    records (docs/trace-format.md "Precision"): rounding noise away is most of what a GPU-day
-    costs on disk (benchmarks.trace_size --gpu-day)."""
-    for k, v in d.items():
-        if type(v) is not float:
-            if k == "processes" and v and isinstance(v[0], dict) and "cpu_ratio" in v[0]:
-                d[k] = [_recording_precision(dict(p)) for p in v]
-        elif k.endswith("_ratio") and k not in ("util_ratio", "mem_util_ratio"):
-            d[k] = round(v, RATIO_DIGITS)
-        elif k.endswith("bytes_per_s"):
-            d[k] = _significant(v, RATE_DIGITS)
-        elif k in ("power_w", "power_limit_w"):
+_HOST_RATIOS = ("cpu_ratio", "busiest_core_ratio", "iowait_ratio", "disk_busy_ratio")
+_PROCESS_RATIOS = (
+    "cpu_ratio",
+    "children_cpu_ratio",
+    "busiest_child_cpu_ratio",
+    "busiest_demand_ratio",
+    "runq_wait_ratio",
+    "blkio_wait_ratio",
+)
+
+
+def _gpu_precision(d: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's fields at the precision version 2 records (docs/trace-format.md "Precision"):
+    rounding noise away is most of what a GPU-day costs on disk (benchmarks.trace_size --gpu-day)."""
+    for k in ("power_w", "power_limit_w"):
+        v = d.get(k)
+        if type(v) is float:
             d[k] = round(v, POWER_DIGITS)
+    for k in ("pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s"):
+        v = d.get(k)
+        if type(v) is float:
+            d[k] = _significant(v, RATE_DIGITS)
+    return d
+
+
+def _rounded(d: dict[str, Any], ratios: tuple[str, ...], rate: str) -> None:
+    for k in ratios:
+        v = d.get(k)
+        if type(v) is float:
+            d[k] = round(v, RATIO_DIGITS)
+    v = d.get(rate)
+    if type(v) is float:
+        d[rate] = _significant(v, RATE_DIGITS)
+
+
+def _host_precision(d: dict[str, Any]) -> dict[str, Any]:
+    """The host's fields and its processes', at the precision version 2 records."""
+    _rounded(d, _HOST_RATIOS, "disk_read_bytes_per_s")
+    for p in d.get("processes") or ():
+        _rounded(p, _PROCESS_RATIOS, "read_bytes_per_s")
     return d
 
 
