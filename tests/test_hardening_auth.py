@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
 import ssl
 import statistics
 import subprocess
@@ -284,3 +285,27 @@ def test_configured_headers_are_sent(tmp_path: Path) -> None:
         assert r.getheader("X-Frame-Options") == "deny"
     finally:
         d.stop()
+
+
+def test_a_web_config_that_is_not_a_file_is_refused_unread(tmp_path: Path) -> None:
+    """A FIFO would block the start (and --check-config) for ever, /dev/zero never end: only a
+    regular file is read, 1 MiB at most, and the error names what stands there."""
+    fifo = tmp_path / "web.yml"
+    os.mkfifo(fifo)  # nobody writes to it
+    for path, said in ((str(fifo), "a FIFO, not a web config file"), ("/dev/zero", "a character device")):
+        with pytest.raises(WebConfigError, match=said) as e:
+            load_web_config(path)
+        assert e.value.exit_code == 7
+    big = tmp_path / "big.yml"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # a sparse gigabyte
+    with pytest.raises(WebConfigError, match="larger than 1024 KiB"):
+        load_web_config(str(big))
+
+
+def test_a_tls_file_that_is_a_fifo_is_named_not_waited_on(pki: Path, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "cert.pem")
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path}/cert.pem\n  key_file: {pki}/server.key\n")
+    with pytest.raises(WebConfigError, match=r"tls_server_config.cert_file .*cert.pem is a FIFO, not a file"):
+        load_web_config(str(web))

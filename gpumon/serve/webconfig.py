@@ -7,13 +7,16 @@ server less protected than its file says. docs/configuration.md lists what is ho
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
+from gpumon.core.files import NotRegularFile, kind_of, read_regular
 
 
 class WebConfigError(GpumonError):
@@ -131,6 +134,14 @@ class WebConfig:
                 "gpumon needs a key without a pass-phrase (openssl pkey -in KEY -out PLAIN)"
             )
 
+        for key, tls_file in (
+            ("cert_file", self.cert_file),
+            ("key_file", self.key_file),
+            ("client_ca_file", self.client_ca_file),
+        ):
+            kind = _not_regular(tls_file)
+            if kind is not None:  # OpenSSL would block on a FIFO, or read a device for ever
+                raise WebConfigError(f"{where}: tls_server_config.{key} {tls_file} is a {kind}, not a file")
         try:
             ctx.load_cert_chain(self.cert_file or "", self.key_file, password=no_passphrase)
         except (OSError, ssl.SSLError) as e:
@@ -144,6 +155,22 @@ class WebConfig:
         return ctx
 
 
+MAX_WEB_CONFIG_BYTES = 1 << 20
+"""A web config file is a few hundred bytes: beyond this it is refused unread."""
+
+
+def _not_regular(path: str | None) -> str | None:
+    """What stands at `path` when it is there and not a regular file (None otherwise: a missing
+    file is OpenSSL's to report)."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else kind_of(mode)
+
+
 def load_web_config(path: str | None) -> WebConfig:
     """Read and check the whole file, TLS material included, so that a bad file fails at start
     (or at --check-config), naming the file and the key, never at the first client."""
@@ -152,11 +179,14 @@ def load_web_config(path: str | None) -> WebConfig:
     # here, not at the top: a web config file only
     import yaml
 
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
+    try:  # a regular file only, bounded: a FIFO would block the start, /dev/zero never end
+        data = read_regular(path, MAX_WEB_CONFIG_BYTES)
+    except NotRegularFile as e:
+        raise WebConfigError(f"{path}: a {e.kind}, not a web config file") from None
     except OSError as e:
         raise WebConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if len(data) > MAX_WEB_CONFIG_BYTES:
+        raise WebConfigError(f"{path}: larger than {MAX_WEB_CONFIG_BYTES // 1024} KiB: not a web config file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
