@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from types import FrameType
 
@@ -39,16 +40,31 @@ def _term_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def caused_by_terminated(e: BaseException | None) -> bool:
+    """Whether a SIGTERM at start-up is behind this exception: raised inside code that wraps what
+    it raises (Python 3.11 turns an exception in a descriptor's __set_name__, while a dataclass is
+    being built at import, into "RuntimeError: Error calling __set_name__"), so it arrives as
+    another exception with Terminated as its cause."""
+    seen = 0
+    while e is not None and seen < 32:
+        if isinstance(e, Terminated):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def _quiet_when_swallowed() -> None:
     """A signal whose handler ran inside a finalizer (a __del__, a weakref or gc callback during
     an import) raises there, and CPython prints the exception it cannot raise further as
     "Exception ignored in: ... Traceback": a traceback for an ordinary SIGTERM. The signal is
     already noted (terminated_early) or is noted here (flags.note_swallowed, which also stops a
-    running loop), so that report is dropped; every other one is printed as before."""
+    running loop), so that report is dropped; every other one is printed as before. Likewise a
+    thread that fails because of it (an import the main thread left half done): once SIGTERM came
+    at start-up, the process is ending, and its threads' failures are not the user's news."""
     default = sys.unraisablehook
 
     def unraisable(info: sys.UnraisableHookArgs) -> None:
-        if info.exc_type is not None and issubclass(info.exc_type, Terminated):
+        if caused_by_terminated(info.exc_value):
             return
         if info.exc_type is not None and info.exc_type.__name__ == "Interrupted":
             from gpumon.cli.flags import Interrupted, note_swallowed
@@ -59,6 +75,14 @@ def _quiet_when_swallowed() -> None:
         default(info)
 
     sys.unraisablehook = unraisable
+    default_thread_hook = threading.excepthook
+
+    def thread_failed(args: threading.ExceptHookArgs) -> None:
+        if _TERMINATED or caused_by_terminated(args.exc_value):
+            return
+        default_thread_hook(args)
+
+    threading.excepthook = thread_failed
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -94,4 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except (KeyboardInterrupt, Terminated):  # before (or after) the command's own handling of it
         print("gpumon: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as e:
+        if not caused_by_terminated(e):
+            raise
+        print("gpumon: interrupted", file=sys.stderr)  # a SIGTERM, wrapped by the code it interrupted
         return EXIT_INTERRUPTED

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpumon import __version__
-from gpumon.cli import flags
+from gpumon.cli import caused_by_terminated, flags, terminated_early
 from gpumon.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -153,6 +153,9 @@ def _main(argv: Sequence[str] | None) -> int:
         _silence_stdout()
         return EXIT_OK
     except Exception as e:
+        if caused_by_terminated(e) or terminated_early():  # a SIGTERM at start-up, wrapped on its way
+            print("gpumon: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if args.debug:
             raise
         print(
