@@ -94,6 +94,23 @@ def test_segments_are_aligned_standalone_traces_that_together_hold_every_tick(tm
     assert span_a.span is not None and span_a.span.ticks == 330 and len(span_a.span.segments) == 6
 
 
+def test_a_recording_across_an_upgrade_reads_as_one_range(tmp_path: Path) -> None:
+    """A daemon upgraded mid-recording leaves version 2 segments before version 3 ones (trace
+    format 3 came with issue 29): a range over both reads every tick, each file by its own header."""
+    made: list[int] = []
+
+    def writer(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
+        made.append(2 if len(made) < 3 else 3)
+        return TraceWriterV2(path, header, origin_s=origin, sync_every_s=5.0, version=made[-1])
+
+    run(tmp_path, 330, segment_s=60, open_writer=writer)
+    versions = [read_trace(seg.path).header["version"] for seg in list_segments(str(tmp_path))]
+    assert versions == [2, 2, 2, 3, 3, 3]
+    whole = analyze_range(str(tmp_path), EPOCH, EPOCH + 400)
+    assert whole.span is not None and whole.span.ticks == 330 and whole.warnings == []
+    assert [g.index for g in whole.gpus] == [0, 1]
+
+
 def test_retention_deletes_the_oldest_segments_by_age(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not gpumon's")
     rec = run(tmp_path, 600, segment_s=60, max_age_s=180)
