@@ -46,25 +46,6 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import keras
 import numpy as np
 
-
-def _no_worker_id_queue() -> None:
-    """Keras's PyDataset workers (use_multiprocessing=True) each put their pid into one
-    multiprocessing.Queue that nothing ever reads. A worker terminated while its feeder thread held
-    that queue's cross-process lock leaves it locked, and every later worker then hangs at exit,
-    and its pool with it: bench runs that never ended, a forked worker waiting on a futex and the
-    bench waiting for it (twice in a dozen test runs on the loaded 2-core machine). Keras only
-    writes to the queue; without it (None) the workers skip the put. Only this benchmark job is
-    patched, never a user's training (gpumon.integrations touches no Keras internals)."""
-    try:
-        from keras.src.trainers.data_adapters import py_dataset_adapter
-    except ImportError:  # another Keras layout: nothing to do
-        return
-    if callable(getattr(py_dataset_adapter, "get_worker_id_queue", None)):
-        py_dataset_adapter.get_worker_id_queue = lambda: None
-
-
-_no_worker_id_queue()
-
 IMAGE = (32, 32, 3)
 FILES = 8
 """Files the starved-io pipeline cycles through."""
