@@ -104,52 +104,44 @@ def _keys(d: dict[str, Any], table: dict[str, str]) -> dict[str, Any]:
     return {table.get(k, k): v for k, v in d.items()}
 
 
-def _unit_long(d: dict[str, Any], short: dict[str, str]) -> dict[str, Any]:
-    """A GPU or the host, in long names -> in short names (its processes and GPM too)."""
-    out = dict(d)
-    procs = out.get("processes")
+def _inner(d: dict[str, Any], table: dict[str, str]) -> dict[str, Any]:
+    """A GPU or the host, in long names: its processes' and GPM's names mapped by `table`."""
+    procs = d.get("processes")
     if type(procs) is list:
-        out["processes"] = [_keys(p, short) if type(p) is dict else p for p in procs]
-    gpm = out.get("gpm")
+        d["processes"] = [_keys(p, table) if type(p) is dict else p for p in procs]
+    gpm = d.get("gpm")
     if type(gpm) is dict:
-        out["gpm"] = _keys(gpm, short)
-    return _keys(out, short)
+        d["gpm"] = _keys(gpm, table)
+    return d
+
+
+def _renamed(rec: dict[str, Any], table: dict[str, str], expanding: bool) -> dict[str, Any]:
+    """A tick record's field names mapped by `table`: its own, its GPUs' and the host's (and theirs:
+    processes, GPM). The structure is walked in long names: after the mapping when expanding,
+    before it when shortening."""
+    out = _keys(rec, table) if expanding else dict(rec)
+    gpus = out.get("gpus")
+    if type(gpus) is list:
+        units = [
+            _inner(_keys(g, table) if expanding else dict(g), table) if type(g) is dict else g for g in gpus
+        ]
+        out["gpus"] = units if expanding else [_keys(g, table) if type(g) is dict else g for g in units]
+    host = out.get("host")
+    if type(host) is dict:
+        host = _inner(_keys(host, table) if expanding else dict(host), table)
+        out["host"] = host if expanding else _keys(host, table)
+    return out if expanding else _keys(out, table)
 
 
 def shorten(rec: dict[str, Any], short: dict[str, str] = _SHORT) -> dict[str, Any]:
     """A version 2 tick record -> version 3's (field names by `short`: long -> short)."""
-    out = dict(rec)
-    gpus = out.get("gpus")
-    if type(gpus) is list:
-        out["gpus"] = [_unit_long(g, short) for g in gpus]
-    host = out.get("host")
-    if type(host) is dict:
-        out["host"] = _unit_long(host, short)
-    return _keys(out, short)
-
-
-def _unit_short(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    out = _keys(d, names)
-    procs = out.get("processes")
-    if type(procs) is list:
-        out["processes"] = [_keys(p, names) if type(p) is dict else p for p in procs]
-    gpm = out.get("gpm")
-    if type(gpm) is dict:
-        out["gpm"] = _keys(gpm, names)
-    return out
+    return _renamed(rec, short, expanding=False)
 
 
 def expand(rec: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     """A version 3 tick record -> version 2's (field names by the header's `names`: short -> long);
     a name not in the table is kept as it is."""
-    out = _keys(rec, names)
-    gpus = out.get("gpus")
-    if type(gpus) is list:
-        out["gpus"] = [_unit_short(g, names) if type(g) is dict else g for g in gpus]
-    host = out.get("host")
-    if type(host) is dict:
-        out["host"] = _unit_short(host, names)
-    return out
+    return _renamed(rec, names, expanding=True)
 
 
 def names_from_header(value: Any) -> dict[str, str]:
