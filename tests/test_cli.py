@@ -280,6 +280,17 @@ def test_sigterm_while_record_is_still_starting_is_130(tmp_path: Path, module: s
     assert "Traceback" not in rest and "interrupted" in rest, said[-3000:]
 
 
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A Python script that drives gpumon's command line from inside (a signal at a chosen point)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+
+
 SIGTERM_IN_A_FINALIZER = """
 import signal, sys
 from importlib.abc import MetaPathFinder
@@ -308,13 +319,7 @@ def test_sigterm_taken_inside_a_finalizer_is_130_without_a_traceback(tmp_path: P
     """A SIGTERM whose handler ran inside a finalizer during the imports (gc freeing a cycle at
     that moment, beside two CPU hogs) was swallowed there and printed as "Exception ignored in:
     ... Traceback"; the signal is noted all the same, so the report is dropped."""
-    p = subprocess.run(
-        [sys.executable, "-c", SIGTERM_IN_A_FINALIZER, str(tmp_path / "t.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    p = run_script(SIGTERM_IN_A_FINALIZER, str(tmp_path / "t.jsonl"))
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
     assert "(interrupted)" in p.stderr
@@ -352,13 +357,7 @@ def test_sigterm_wrapped_by_the_code_it_interrupted_is_130_without_a_traceback(
     """A SIGTERM taken while a class is built at import (a dataclass's fields) reaches gpumon as
     "RuntimeError: Error calling __set_name__ ...", its cause the SIGTERM: it printed a traceback
     and exit 1 (beside two CPU hogs, a few runs in a hundred). It is an interruption: exit 130."""
-    p = subprocess.run(
-        [sys.executable, "-c", SIGTERM_IN_SET_NAME, str(tmp_path / "t.jsonl"), module],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    p = run_script(SIGTERM_IN_SET_NAME, str(tmp_path / "t.jsonl"), module)
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr and "internal error" not in p.stderr, p.stderr
     assert "interrupted" in p.stderr
