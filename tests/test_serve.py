@@ -556,6 +556,11 @@ def test_serve_holds_its_signals_before_importing_anything_of_its_own() -> None:
     assert set(own) <= {"gpumon", "gpumon.cli", "gpumon.serve", "gpumon.serve.signals"}, own
 
 
+def _read_lines(proc: subprocess.Popen[str], into: list[str]) -> None:
+    assert proc.stderr is not None
+    into.extend(iter(proc.stderr.readline, ""))
+
+
 def test_sighup_during_startup_is_a_reload_not_a_death(tmp_path: Path) -> None:
     # from the moment gpumon holds the signal (its first lines; Python's own start-up is before
     # anything can act, and takes as long as the machine makes it): the clock starts there, not at
@@ -578,15 +583,13 @@ def test_sighup_during_startup_is_a_reload_not_a_death(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGHUP)
             # the SIGHUP is a reload once serve is up: wait for its line, or for the end of stderr
             lines: list[str] = []
-            reader = threading.Thread(
-                target=lambda: lines.extend(iter(proc.stderr.readline, "")),  # type: ignore[union-attr]
-                daemon=True,
-            )
+            reader = threading.Thread(target=_read_lines, args=(proc, lines), daemon=True)
             reader.start()
             while not any("configuration reloaded" in ln for ln in lines) and reader.is_alive():
                 assert time.monotonic() < deadline, lines
                 time.sleep(0.05)
-            assert proc.poll() is None, f"SIGHUP {delay} s into start-up killed it (exit {proc.returncode}): {lines}"
+            died = f"SIGHUP {delay} s into start-up killed it (exit {proc.returncode}): {lines}"
+            assert proc.poll() is None, died
             assert any("configuration reloaded" in ln for ln in lines), lines
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(10) == 0
