@@ -89,6 +89,7 @@ def record_jobs(
             job = gpumon("bench", *args, "--drive", str(drive), "--truth", str(truth), "--quiet")
             _, err = job.communicate(timeout=300)
             assert job.returncode == 0, err
+            assert "Traceback" not in err, err  # e.g. each loader worker's, at the end of fit
             with (tmp_path / "bench.err").open("a") as f:
                 f.write(err)
         ended = max(float(w["end_unix_s"]) for w in truth_windows(truth))  # type: ignore[arg-type]

@@ -389,6 +389,46 @@ def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_loop() -> None:
         flags._LATE_SIGNALS.clear()
 
 
+LOADER_POOL = """
+import multiprocessing, signal, sys, threading, time
+sys.argv = ["gpumon", "scenarios"]  # the command line's own process, as `gpumon bench` is
+from gpumon.cli import main
+assert main() == 0
+fork = multiprocessing.get_context("fork")
+started = fork.Semaphore(0)
+
+def load(_):  # a worker busy making a batch when the pool ends
+    started.release()
+    time.sleep(60)
+
+def keras_like():  # Keras forks its PyDataset pool from a thread of its own
+    pool = fork.Pool(2)
+    for i in range(2):
+        pool.apply_async(load, (i,))
+    for _ in range(2):
+        started.acquire(timeout=30)
+    workers = list(pool._pool)
+    pool.terminate()  # what the end of fit() does: SIGTERM to each worker, then wait for it
+    print("workers ended by:", sorted(w.exitcode for w in workers))
+
+t = threading.Thread(target=keras_like)
+t.start()
+t.join()
+ours = signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+print("the command's SIGTERM:", "gpumon's" if ours else "default")
+"""
+
+
+def test_a_loader_worker_forked_by_a_gpumon_command_dies_of_sigterm_quietly() -> None:
+    # with the command's handler, each worker ran Python on SIGTERM: a traceback per worker at the
+    # end of every bench, and now and then one waiting forever on a lock copied at fork
+    p = run_script(LOADER_POOL)
+    assert p.returncode == 0, p.stderr
+    assert f"workers ended by: [{-signal.SIGTERM}, {-signal.SIGTERM}]" in p.stdout, p.stdout
+    assert "the command's SIGTERM: gpumon's" in p.stdout, p.stdout
+    assert "Traceback" not in p.stderr, p.stderr
+
+
 def test_sigterm_ends_watch_with_130_after_its_summary() -> None:
     """README "Exit codes": `timeout -s TERM 3 gpumon watch ...` exited 0."""
     proc = subprocess.Popen(

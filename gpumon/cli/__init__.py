@@ -9,6 +9,7 @@ loop runs: a SIGTERM during the imports used to end `gpumon record` with 143.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,16 @@ def terminated_early() -> bool:
 def _term_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     _TERMINATED.append(signal.Signals(signum).name)
     raise Terminated(signal.Signals(signum).name)
+
+
+def _default_sigterm_in_child() -> None:
+    """A child forked by a gpumon command (a Keras PyDataset's or a torch DataLoader's loader
+    worker, forked by `gpumon bench`) is not the command: SIGTERM ends it at once, as its pool
+    expects. With the command's handler it ran Python on SIGTERM instead: every pool's terminate()
+    printed a traceback per worker, and a worker that took the signal in its exit path, with
+    a lock copied from another thread at fork, waited on that lock forever and its parent with it
+    (the bench hung at its end). Forks that exec (subprocess) reset handlers anyway."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def caused_by_terminated(e: BaseException | None) -> bool:
@@ -112,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv is None:  # the command line's process (not a caller's, e.g. a test's)
             signal.signal(signal.SIGTERM, _term_as_ctrl_c)
+            os.register_at_fork(after_in_child=_default_sigterm_in_child)
             _quiet_when_swallowed()
         from gpumon.cli.app import main as run
 
