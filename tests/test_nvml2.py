@@ -175,7 +175,8 @@ def test_gpumon_reads_the_stand_ins_values(seen: dict[str, Any]) -> None:
         assert g["procs"] == direct["procs"]
         assert g["mem_used"] == direct["mem_used"]
         assert g["power_w"] == direct["power_mw"] / 1000
-        assert g["gpm"]["graphics_ratio"] == pytest.approx(direct["graphics_pct"] / 100, abs=1e-4)
+        # gpumon reads GPM to 0.1% (gpm_unit.STEPS): within half a step of the driver's value
+        assert g["gpm"]["graphics_ratio"] == pytest.approx(direct["graphics_pct"] / 100, abs=5e-4)
 
 
 def test_gpumon_counts_a_scripted_xid(seen: dict[str, Any]) -> None:

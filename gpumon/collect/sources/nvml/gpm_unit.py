@@ -44,16 +44,20 @@ assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is
 # nvmlGpmMetricInfo_t {char *shortName, *longName, *unit}}: 40 bytes on x86-64 and aarch64.
 # Read in one unpack rather than one ctypes proxy per metric and field (benchmarks/nvml_cost.py).
 _METRIC = struct.Struct("=Iid24x")
+STEPS = 1000
+"""GPM's activities are read to 0.1% (3 decimals of a ratio): every rule's line is a whole percent,
+the 4th decimal was noise that cost 0.8 MB of a MIG instance's recorded GPU-day, and rounding here,
+at the source, keeps what the daemon judges live and what its recording replays the same."""
 
 
 def activity_of(values: list[float | None]) -> GpmActivity:
-    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1, to 4 decimals (as
-    round(v, 4), but an integer round: round with ndigits goes through decimal strings, ten times
+    """METRICS' values (in its order) as a GpmActivity, ratios capped at 1, to 3 decimals (as
+    round(v, 3), but an integer round: round with ndigits goes through decimal strings, ten times
     slower, and this runs for every GPU every tick)."""
     for i in range(_RATIOS):
         v = values[i]
         if v is not None:
-            values[i] = round((v if v < 1.0 else 1.0) * 1e4) / 1e4
+            values[i] = round((v if v < 1.0 else 1.0) * STEPS) / STEPS
     return tuple.__new__(GpmActivity, values)  # GpmActivity(*values) without its Python __new__
 
 
@@ -93,7 +97,9 @@ class _Request:
                 else 0.0
                 if value <= 0
                 else (
-                    round((x if (x := value * scale) < 1.0 else 1.0) * 1e4) / 1e4 if ratio else value * scale
+                    round((x if (x := value * scale) < 1.0 else 1.0) * STEPS) / STEPS
+                    if ratio
+                    else value * scale
                 )
                 for (_, ret, value), (scale, ratio) in zip(
                     _METRIC.iter_unpack(self._raw.raw), self._kinds, strict=True
@@ -157,7 +163,7 @@ class GpmUnit:
         return free
 
     def step(self, t_s: float) -> float | None:
-        """Between ticks (fast units): graphics activity since the newest sample, 0-1."""
+        """Between ticks (fast units): graphics activity since the newest sample, 0-1 (to STEPS)."""
         new = self._sample(t_s)
         if new is None or self._quick is None:
             return None
@@ -165,7 +171,7 @@ class GpmUnit:
         if last is None:
             return None
         value = self._quick.between(self._samples[last], self._samples[new])[0]
-        return None if value is None else min(1.0, value)
+        return None if value is None else round(min(1.0, value) * STEPS) / STEPS
 
     def tick(self, t_s: float) -> tuple[float | None, GpmActivity | None]:
         """At a tick: (graphics activity since the newest sample (fast units), METRICS since the
@@ -176,7 +182,7 @@ class GpmUnit:
         quick = full = None
         if self._quick is not None and self._last is not None:
             value = self._quick.between(self._samples[self._last], self._samples[new])[0]
-            quick = None if value is None else min(1.0, value)
+            quick = None if value is None else round(min(1.0, value) * STEPS) / STEPS
         if self._anchor is not None:
             full = self._full.activity(self._samples[self._anchor], self._samples[new])
         self._anchor = new
