@@ -66,19 +66,32 @@ print(reconnects[0])
 
 SCRAPER = r"""
 import http.client, json, sys, time
-port, n = int(sys.argv[1]), int(sys.argv[2])
-lat, codes = [], {}
+port, n, keepalive = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "keepalive"
+lat, codes, connects = [], {}, 0
+c = None
+def connect():
+    global c, connects
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connects += 1
+if keepalive:  # as Prometheus: one connection, kept between scrapes, made before the crowd came
+    connect(); c.request("GET", "/metrics"); c.getresponse().read()
+print("ready", flush=True)
+sys.stdin.readline()
 for _ in range(n):
     t0 = time.perf_counter()
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        c.request("GET", "/metrics"); r = c.getresponse(); r.read(); c.close()
+        if not keepalive or c is None:
+            connect()
+        c.request("GET", "/metrics"); r = c.getresponse(); r.read()
+        if not keepalive or r.will_close:
+            c.close(); c = None
         codes[r.status] = codes.get(r.status, 0) + 1
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
         codes[type(e).__name__] = codes.get(type(e).__name__, 0) + 1
+        c = None
     lat.append(time.perf_counter() - t0)
     time.sleep(0.02)
-print(json.dumps({"lat": lat, "codes": codes}))
+print(json.dumps({"lat": lat, "codes": codes, "connects": connects}))
 """
 
 
@@ -103,35 +116,44 @@ def main() -> None:
     daemon = Daemon(cfg)
     port = daemon.start()
     daemon.wait_ready(30)
-    seconds = args.scrapes * 0.03 + 30
+    seconds = args.scrapes * 0.06 + 60
+    scrapers = {
+        mode: subprocess.Popen(
+            [sys.executable, "-c", SCRAPER, str(port), str(args.scrapes), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for mode in ("keepalive", "new")
+    }
+    for s in scrapers.values():
+        assert s.stdout is not None and s.stdout.readline().strip() == "ready"
     crowd = subprocess.Popen(
         [sys.executable, "-c", CROWD, str(port), str(args.crowd), str(seconds)],
         stdout=subprocess.PIPE,
         text=True,
     )
     time.sleep(10)  # the crowd is in, and being evicted
-    skipped0 = daemon.sampler.skipped_ticks
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-c", SCRAPER, str(port), str(args.scrapes)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    wall = time.monotonic() - t0
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    r = json.loads(out.stdout)
-    result = {
-        "crowd": args.crowd,
-        "max_connections": args.max_connections,
-        "scrape_p50_ms": round(pct(r["lat"], 0.5) * 1e3, 1),
-        "scrape_p99_ms": round(pct(r["lat"], 0.99) * 1e3, 1),
-        "codes": r["codes"],
-        "daemon_cpu_share": round((cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / wall, 2),
-        "skipped_ticks": daemon.sampler.skipped_ticks - skipped0,
-        "evicted": daemon.web.evicted if daemon.web else None,
-    }
+    result: dict[str, object] = {"crowd": args.crowd, "max_connections": args.max_connections}
+    for mode in ("keepalive", "new"):  # one after the other: each alone beside the crowd
+        skipped0 = daemon.sampler.skipped_ticks
+        evicted0 = daemon.web.evicted if daemon.web else 0
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        out, _ = scrapers[mode].communicate("go\n", timeout=600)
+        wall = time.monotonic() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        r = json.loads(out.splitlines()[-1])
+        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        result[mode] = {
+            "scrape_p50_ms": round(pct(r["lat"], 0.5) * 1e3, 1),
+            "scrape_p99_ms": round(pct(r["lat"], 0.99) * 1e3, 1),
+            "codes": r["codes"],
+            "connects": r["connects"],
+            "daemon_cpu_share": round(cpu / wall, 2),
+            "skipped_ticks": daemon.sampler.skipped_ticks - skipped0,
+            "evicted": (daemon.web.evicted if daemon.web else 0) - evicted0,
+        }
     crowd.terminate()
     crowd.wait(30)
     daemon.stop()

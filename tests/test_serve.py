@@ -234,6 +234,69 @@ def test_at_the_connection_cap_a_silent_client_makes_room_for_a_real_one(served)
             s.close()
 
 
+def _keepalive_get(sock: socket.socket, path: str = "/healthz") -> bytes:
+    """One request on a kept-alive connection; the response's status line."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served) -> None:
+    # a crowd that reconnects as soon as it is closed makes every accept evict: the scraper that
+    # has been served keeps its connection, and so never queues behind the crowd's connects
+    base = served(max_connections=4, request_timeout_s=5.0)
+    host, port = base.removeprefix("http://").split(":")
+    scraper = socket.create_connection((host, int(port)))
+    crowd: list[socket.socket] = []
+    try:
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+        for _ in range(12):  # three times the cap, each one evicting the longest waiting
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost:")  # half a head, as slowloris does
+            crowd.append(s)
+        closed = 0
+        for s in crowd[:-3]:
+            s.settimeout(10)
+            try:
+                closed += s.recv(100) == b""
+            except ConnectionResetError:  # closed with its half head unread
+                closed += 1
+        assert closed == 9, "the crowd made room for itself, longest waiting first"
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK", "the scraper's connection was kept"
+    finally:
+        for s in [scraper, *crowd]:
+            s.close()
+
+
+def test_a_served_connection_waits_keepalive_timeout_and_a_new_one_request_timeout(served) -> None:
+    base = served(request_timeout_s=0.5, keepalive_timeout_s=30.0)
+    host, port = base.removeprefix("http://").split(":")
+    scraper = socket.create_connection((host, int(port)))
+    silent = socket.create_connection((host, int(port)))
+    try:
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+        silent.settimeout(10)
+        assert silent.recv(100) == b"", "a connection that never sent a request is closed"
+        # the scraper idled as long as the silent client's whole life: its connection still serves
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+        scraper.sendall(b"GET /healthz HTTP/1.1\r\n")  # then trickles a head: request_timeout_s
+        scraper.settimeout(10)
+        assert scraper.recv(100) == b"", "a served client may trickle no more than a new one"
+    finally:
+        scraper.close()
+        silent.close()
+
+
 def test_a_hung_source_never_stalls_a_scrape() -> None:
     clock = VirtualClock()
     cfg = Config(simulate="healthy", listen="127.0.0.1:0")

@@ -362,8 +362,20 @@ class Config:
     request_timeout_s: float = setting(
         10.0,
         Spec(
-            "the deadline for a request's whole head (and a TLS handshake, and an idle keep-alive)",
+            "the deadline for a request's whole head (and a TLS handshake, and a new connection's "
+            "first request)",
             env="GPUMON_REQUEST_TIMEOUT",
+            minimum=0.1,
+            maximum=3600.0,
+            unit="s",
+        ),
+    )
+    keepalive_timeout_s: float = setting(
+        75.0,
+        Spec(
+            "how long a connection that has been served may wait idle for its next request (a "
+            "scraper's keep-alive: Prometheus reuses its connection between scrapes)",
+            env="GPUMON_KEEPALIVE_TIMEOUT",
             minimum=0.1,
             maximum=3600.0,
             unit="s",

@@ -250,7 +250,12 @@ class Daemon:
             self.render_metrics, self.state, self.health, self.landing, self.render_pcp, self.analysis.answer
         )
         self.web = WebServer(
-            self.cfg.host_port, routes, self.web_config, self.cfg.max_connections, self.cfg.request_timeout_s
+            self.cfg.host_port,
+            routes,
+            self.web_config,
+            self.cfg.max_connections,
+            self.cfg.request_timeout_s,
+            self.cfg.keepalive_timeout_s,
         )
         self.web.start()
         return self.web.port

@@ -4,10 +4,14 @@ One asyncio event loop on its own thread serves every connection; requests are p
 (python-hyper's HTTP/1.1 state machine), never by hand. What a hostile client can do is bounded:
 
 - A request's headers must arrive whole within `request_timeout_s` (a deadline for the whole
-  head, not per byte), and be at most 16 KiB; an idle keep-alive connection gets the same time.
+  head, not per byte), and be at most 16 KiB; so must a new connection's first request. A
+  connection that has been served may then wait `keepalive_timeout_s` for its next one (a
+  scraper's keep-alive), and has `request_timeout_s` again from that request's first byte.
 - An idle connection costs a socket and a coroutine, not a thread: thousands can wait. At
-  `max_connections`, the connection that has waited longest without sending a whole request is
-  closed to make room, so a crowd of slow clients never shuts out a real scraper.
+  `max_connections`, one is closed to make room: the one that has waited longest without ever
+  sending a whole request, and only when there is none, the served one idle longest. So a crowd
+  of slow clients, even one that reconnects as soon as it is closed, never closes a scraper's
+  kept-alive connection, and its scrapes never queue behind the crowd's connects.
 - Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
   connection closed, so a body can never be read as a next request.
 - bcrypt runs on two worker threads, never on the event loop; each client address may have two
@@ -50,6 +54,12 @@ from gpumon.serve.webconfig import WebConfig, WebConfigError
 log = logging.getLogger("gpumon.serve.http")
 
 MAX_HEADER_BYTES = 16 * 1024
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before they are accepted."""
+ACCEPT_BATCH = 16
+"""Connections accepted in one pass of the event loop (asyncio takes its listen backlog's worth,
+1,024, each with a task and a transport: under a crowd that reconnects as fast as it is closed,
+one such pass held a kept-alive scraper's request back by hundreds of milliseconds)."""
 GZIP_MIN_BYTES = 1024
 BCRYPT_THREADS = 2
 BCRYPT_PENDING_PER_CLIENT = 2
@@ -325,9 +335,11 @@ class WebServer:
         web: WebConfig,
         max_connections: int = 4096,
         timeout_s: float = 10.0,
+        keepalive_s: float = 75.0,
     ) -> None:
         self.routes = routes
         self.timeout_s = timeout_s
+        self.keepalive_s = keepalive_s
         self.max_connections = _raise_fd_limit(max_connections)
         self._web = web
         self._ssl = web.ssl_context() if web.tls else None
@@ -336,6 +348,9 @@ class WebServer:
         self._waiting: collections.OrderedDict[asyncio.StreamWriter, _Conn] = collections.OrderedDict()
         """The connections waiting for a whole request head, longest waiting first: eviction takes
         the first, in O(1) (a scan of every connection on each accept cost a core at the limit)."""
+        self._idle: collections.OrderedDict[asyncio.StreamWriter, _Conn] = collections.OrderedDict()
+        """Served connections waiting, with nothing sent yet, for their next request (keep-alive),
+        idle longest first: evicted only when no connection is in `_waiting`."""
         self.evicted = 0
         self.refused = 0
         self._loop = asyncio.new_event_loop()
@@ -363,7 +378,7 @@ class WebServer:
                     sock=self._sockets[0],
                     ssl=self._ssl_for_new_connections(),
                     ssl_handshake_timeout=self.timeout_s if self._ssl else None,
-                    backlog=1024,
+                    backlog=ACCEPT_BATCH,
                     limit=MAX_HEADER_BYTES * 2,
                 )
                 self._extra = [
@@ -372,10 +387,15 @@ class WebServer:
                         sock=s,
                         ssl=self._ssl_for_new_connections(),
                         ssl_handshake_timeout=self.timeout_s if self._ssl else None,
-                        backlog=1024,
+                        backlog=ACCEPT_BATCH,
+                        limit=MAX_HEADER_BYTES * 2,
                     )
                     for s in self._sockets[1:]
                 ]
+                # asyncio's backlog is both listen()'s and the accepts per pass: the kernel's
+                # queue stays deep, the passes short
+                for sock in self._sockets:
+                    sock.listen(LISTEN_BACKLOG)
                 ready.set()
 
             self._loop.run_until_complete(serve())
@@ -459,13 +479,16 @@ class WebServer:
         finally:
             self._conns.pop(writer, None)
             self._waiting.pop(writer, None)
+            self._idle.pop(writer, None)
             await _close(writer)
 
     def _evict(self) -> bool:
-        """Close the connection that has waited longest for a whole request head."""
-        if not self._waiting:
+        """Close the connection that has waited longest for a whole request head; when every
+        connection has been served, the one idle longest."""
+        queue = self._waiting or self._idle
+        if not queue:
             return False
-        _, oldest = self._waiting.popitem(last=False)
+        _, oldest = queue.popitem(last=False)
         self._conns.pop(oldest.writer, None)
         oldest.writer.close()
         self.evicted += 1
@@ -487,15 +510,14 @@ class WebServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn, client: str
     ) -> None:
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
-        loop = asyncio.get_running_loop()
+        served = False
         while True:
             conn.complete = False
             conn.since = time.monotonic()
-            self._waiting[writer] = conn
-            self._waiting.move_to_end(writer)  # the newest to wait: evicted last
-            deadline = loop.time() + self.timeout_s
+            # the newest to wait in its queue: evicted last in it
+            (self._idle if served else self._waiting)[writer] = conn
             try:
-                request = await self._next_request(h, reader, deadline)
+                request = await self._next_request(h, reader, writer, conn, served)
             except h11.RemoteProtocolError as e:
                 status = e.error_status_hint if e.error_status_hint in (400, 413, 414, 431) else 400
                 writer.write(_raw(status, f"bad request: {e}\n"))
@@ -503,8 +525,9 @@ class WebServer:
                 return
             if request is None:
                 return  # closed, or the deadline for the request head passed
-            conn.complete = True
+            conn.complete = served = True
             self._waiting.pop(writer, None)
+            self._idle.pop(writer, None)
             response, close = await self._respond(request, h, client)
             data = self._encode(h, request, response, close)
             writer.write(data)
@@ -519,9 +542,19 @@ class WebServer:
                 return
 
     async def _next_request(
-        self, h: h11.Connection, reader: asyncio.StreamReader, deadline: float
+        self,
+        h: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: _Conn,
+        served: bool,
     ) -> h11.Request | None:
+        """The next request's head: within `timeout_s`, or for a served connection (keep-alive)
+        within `keepalive_s` of idling and then `timeout_s` from its first byte, when it also
+        joins the connections evicted first (a served client may trickle no more than a new one)."""
         loop = asyncio.get_running_loop()
+        idle = served
+        deadline = loop.time() + (self.keepalive_s if idle else self.timeout_s)
         while True:
             event = h.next_event()
             if isinstance(event, h11.Request):
@@ -539,6 +572,11 @@ class WebServer:
                     data = await asyncio.wait_for(reader.read(8192), remaining)
                 except TimeoutError:
                     return None
+                if idle and data:
+                    idle = False
+                    deadline = loop.time() + self.timeout_s
+                    self._idle.pop(writer, None)
+                    self._waiting[writer] = conn
                 h.receive_data(data)  # b"" marks the end of the stream
                 continue
             return None  # data before a request: not a request we serve
@@ -655,7 +693,7 @@ def _bind(host: str, port: int) -> list[socket.socket]:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                 s.bind(("::", port))
-                s.listen(1024)
+                s.listen(LISTEN_BACKLOG)
                 s.setblocking(False)
                 return [s]
             except OSError:
@@ -668,7 +706,7 @@ def _bind(host: str, port: int) -> list[socket.socket]:
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(addr)
-        s.listen(1024)
+        s.listen(LISTEN_BACKLOG)
         s.setblocking(False)
     except OSError:
         s.close()
