@@ -439,6 +439,16 @@ class WebServer:
         self.auth.close()
 
     async def _shutdown(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def quiet_cancel(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            # Python 3.11's start_server callback asks a connection's task for its exception, and
+            # one cancelled before its first step raises there: a traceback per connection that
+            # was just accepted when the server stopped (a crowd's, at the connection limit)
+            if not isinstance(context.get("exception"), asyncio.CancelledError):
+                lp.default_exception_handler(context)
+
+        loop.set_exception_handler(quiet_cancel)
         for server in [self._server, *getattr(self, "_extra", [])]:
             if server is not None:
                 server.close()
