@@ -22,8 +22,6 @@ from gpumon.core.clock import VirtualClock
 from gpumon.serve.daemon import Daemon
 from gpumon.serve.webconfig import WebConfigError, load_web_config
 
-from . import hostile
-
 ROUNDS = 9
 
 
@@ -87,10 +85,19 @@ def test_an_unknown_user_costs_as_much_as_a_wrong_password(authed: int) -> None:
     )
 
 
-def test_a_flood_of_wrong_passwords_does_not_starve_real_scrapes(authed: int) -> None:
+def test_a_flood_of_wrong_passwords_does_not_starve_real_scrapes(
+    authed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert get(authed, basic("prometheus", b"s3cret")) == 200  # the scraper's credentials, once checked
+    checked: list[bytes] = []  # every password bcrypt checked (the daemon runs in this process)
+    real_checkpw = bcrypt.checkpw
+
+    def counting_checkpw(password: bytes, hashed: bytes) -> bool:
+        checked.append(password)
+        return bool(real_checkpw(password, hashed))
+
+    monkeypatch.setattr(bcrypt, "checkpw", counting_checkpw)
     stop = threading.Event()
-    counts = {"flood": 0}
 
     def flood(n: int) -> None:
         i = 0
@@ -98,7 +105,6 @@ def test_a_flood_of_wrong_passwords_does_not_starve_real_scrapes(authed: int) ->
             i += 1
             try:
                 get(authed, basic("prometheus", f"guess-{n}-{i}".encode()))
-                counts["flood"] += 1
             except OSError:
                 pass
 
@@ -107,11 +113,9 @@ def test_a_flood_of_wrong_passwords_does_not_starve_real_scrapes(authed: int) ->
         t.start()
     try:
         time.sleep(0.5)
-        lat, codes = [], []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            codes.append(get(authed, basic("prometheus", b"s3cret")))
-            lat.append(time.perf_counter() - t0)
+        before = len(checked)
+        codes = [get(authed, basic("prometheus", b"s3cret")) for _ in range(20)]
+        during = len(checked) - before
         # a scraper from another address, whose credentials were never checked yet, gets in too
         fresh = get(authed, basic("grafana", b"0ther"), "127.0.0.2")
     finally:
@@ -119,9 +123,11 @@ def test_a_flood_of_wrong_passwords_does_not_starve_real_scrapes(authed: int) ->
         for t in threads:
             t.join(10)
     assert codes == [200] * 20 and fresh == 200
-    assert hostile.p99(lat) < 0.5, (
-        f"p99 {hostile.p99(lat) * 1e3:.0f} ms while {counts['flood']} wrong guesses ran"
-    )
+    # Not starved, whatever the machine's speed: the flood kept the password checks busy while
+    # the scrapes ran, and not one scrape waited for a check (its credentials are remembered);
+    # the new scraper waited for its own check only (a wall-clock limit failed on a loaded machine)
+    assert during > 0, "the flood's guesses were being checked while the scrapes ran"
+    assert checked.count(b"s3cret") == 0 and checked.count(b"0ther") == 1, (checked.count(b"s3cret"), during)
 
 
 # -- TLS settings of the web config: honoured, or refused with exit 7 ----------------------------
