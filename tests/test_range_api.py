@@ -17,7 +17,7 @@ import pytest
 from gpumon.analyze.trace_report import analyze_range, to_json
 from gpumon.config.settings import Config
 from gpumon.core.clock import VirtualClock
-from gpumon.serve.analysis_api import AnalysisApi, Answer
+from gpumon.serve.analysis_api import TURN_GRACE_S, AnalysisApi, Answer
 from gpumon.serve.cpu_budget import CpuBudget
 from gpumon.serve.daemon import Daemon
 
@@ -150,6 +150,27 @@ def test_a_spent_cpu_budget_answers_429_with_retry_after_until_it_refills(daemon
     assert ask(api, "since=10m").status == 429
     clock.t += 1.5
     assert ask(api, "since=10m").status == 200
+
+
+def test_a_client_that_polls_cannot_take_every_refill_from_one_that_waits_as_told(daemon: Daemon) -> None:
+    clock = FakeMonotonic()
+    api = api_over(daemon, clock)
+    api.budget.charge(5.0, clock.t)  # spent: 40 s to refill
+    polite = ask(api, "since=10m")
+    assert polite.status == 429 and dict(polite.headers)["Retry-After"] == "40"
+    for _ in range(40):  # another client asks every second meanwhile, and right at the refill
+        clock.t += 1.01
+        assert ask(api, "since=3m").status == 429
+    assert ask(api, "since=3m").status == 429, "the query refused first has the first turn"
+    assert ask(api, "since=10m").status == 200, "it comes back as told and is answered"
+    # a query that never comes back holds up the others only until its turn lapses
+    api.budget.charge(5.0, clock.t)
+    gone = ask(api, "since=8m")  # refused first, and never asks again
+    assert gone.status == 429 and ask(api, "since=4m").status == 429
+    clock.t += int(dict(gone.headers)["Retry-After"]) + 0.5  # refilled
+    assert ask(api, "since=4m").status == 429, "the first refused still has its turn"
+    clock.t += TURN_GRACE_S
+    assert ask(api, "since=4m").status == 200, "its turn lapsed"
 
 
 def test_one_analysis_at_a_time_the_same_question_shares_its_answer(daemon: Daemon) -> None:

@@ -7,7 +7,10 @@ a thread of its own at nice 19; any other is replayed in its own process at nice
 analysis_timeout_s, which dies with the daemon (PR_SET_PDEATHSIG, and killed when the server
 stops). Answers are cached per (query, thresholds) until a new tick arrives. One analysis at a time:
 the same query shares the running one's answer, another gets 429 (Retry-After: 1). The CPU used
-is charged to a budget (gpumon.serve.cpu_budget): while it is spent, 429 with Retry-After. Nothing
+is charged to a budget (gpumon.serve.cpu_budget): while it is spent, 429 with Retry-After, and the
+queries refused so wait in line: once it refills, the one refused first goes first if it comes back
+within its Retry-After (and a grace), so a client that polls cannot take every refill from one that
+waits as told. Nothing
 here runs on the event loop or takes a lock a scrape takes. Statuses: 400 for a query that cannot
 be right (unknown parameter, since after until, a range too long), 404 for one that finds nothing
 (no samples, no such GPU), 429/503 to try again later (with Retry-After), 500 only for a failure of
@@ -83,6 +86,13 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+IN_LINE = 16
+"""Queries remembered in the order the spent budget refused them (more are refused, not queued)."""
+TURN_GRACE_S = 10.0
+"""How long after its Retry-After a query in line keeps its turn: a client that has gone away
+holds up the others no longer than this."""
+
+
 class AnalysisApi:
     def __init__(
         self,
@@ -108,6 +118,8 @@ class AnalysisApi:
         self.budget = budget or CpuBudget(now=monotonic())
         self._cache: collections.OrderedDict[Hashable, tuple[Hashable, Answer]] = collections.OrderedDict()
         self._running: tuple[Hashable, asyncio.Future[Answer]] | None = None
+        self._line: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
+        """Queries the spent budget refused, first refused first, with when their turn lapses."""
         self._pool: ThreadPoolExecutor | None = None
         self.analyses = 0
         """Analyses run (not answered from the cache): tests and benchmarks read it."""
@@ -137,11 +149,17 @@ class AnalysisApi:
         if not self.budget.allows(now):
             wait = self.budget.retry_after_s(now)
             share = self.budget.share
+            if key in self._line or len(self._line) < IN_LINE:
+                self._line[key] = now + wait + TURN_GRACE_S  # its place kept, its turn renewed
             return _problem(
                 429,
                 f"the analyses' CPU budget ({share:.0%} of a core) is spent: try again in {wait} s",
                 retry_after_s=wait,
             )
+        first = self._first_in_line(now)
+        if first is not None and first != key:
+            return _problem(429, "a query refused earlier goes first: try again shortly", retry_after_s=1)
+        self._line.pop(key, None)
         done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._running = (key, done)
         try:
@@ -158,6 +176,15 @@ class AnalysisApi:
             while len(self._cache) > CACHED_ANSWERS:
                 self._cache.popitem(last=False)
         return result
+
+    def _first_in_line(self, now: float) -> Hashable | None:
+        """The query whose turn it is, once the budget refilled (those whose turn lapsed dropped)."""
+        while self._line:
+            key, lapses = next(iter(self._line.items()))
+            if lapses >= now:
+                return key
+            del self._line[key]
+        return None
 
     def _fresh(self, until: float) -> Hashable:
         """What must be unchanged for an answer to stand: the newest tick, for a range that reaches
