@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ def require_bench() -> None:
 
 
 def gpumon(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
+    """`gpumon ARGS` in a session of its own: what it starts (a bench's loader workers, the demo's
+    daemon and jobs) can be ended with it (finish)."""
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         [sys.executable, "-m", "gpumon", *args],
         cwd=ROOT,
@@ -38,8 +41,20 @@ def gpumon(*args: str, env: dict[str, str] | None = None, **kw: object) -> subpr
         env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,
         **kw,
     )
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """Its stdout and stderr once it ends; one that has not ended after `timeout_s` fails the test,
+    and it and everything it started are killed (a hung job left running slows every later test)."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"{proc.args!r} did not end within {timeout_s:g} s: {err[-2000:]}") from None
 
 
 def truth_windows(truth: Path) -> list[dict[str, object]]:
@@ -87,7 +102,7 @@ def record_jobs(
     try:
         for args in jobs:
             job = gpumon("bench", *args, "--drive", str(drive), "--truth", str(truth), "--quiet")
-            _, err = job.communicate(timeout=300)
+            _, err = finish(job, 300)
             assert job.returncode == 0, err
             assert "Traceback" not in err, err  # e.g. each loader worker's, at the end of fit
             with (tmp_path / "bench.err").open("a") as f:

@@ -27,6 +27,7 @@ from gpumon.analyze.truth import compare_truth
 from .conftest import ROOT, free_port, start_serve
 from .realjobs import (
     all_but_one,
+    finish,
     gpumon,
     labels_while_training,
     main_label_while_training,
@@ -142,25 +143,9 @@ def test_analyze_names_what_a_fix_buys_and_its_ceiling_is_the_jobs_own(
 
 def test_demo_flags_the_starved_phase_and_not_the_fed_one(tmp_path: Path) -> None:
     """The README's run command on a machine without a GPU, with shorter phases."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "demo",
-            "--phase-seconds",
-            "18",
-            "--listen",
-            "127.0.0.1:0",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    demo = gpumon("demo", "--phase-seconds", "18", "--listen", "127.0.0.1:0", "--out", str(tmp_path))
+    out, err = finish(demo, 300)
+    p = subprocess.CompletedProcess(demo.args, demo.returncode, out, err)
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout
     assert "SIMULATED GPU" in out and "/metrics" in out
@@ -285,7 +270,7 @@ def straggler(
                 lines = found
                 break
             time.sleep(0.5)  # the daemon's verdicts move once a second
-        _, err = job.communicate(timeout=300)
+        _, err = finish(job, 300)
         assert job.returncode == 0, err
         ended = max(float(w["end_unix_s"]) for w in truth_windows(truth))  # type: ignore[arg-type]
         wait_until_recorded(trace, ended + 2.0, recorder)
@@ -367,14 +352,17 @@ def driven(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 
 def job(url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    p = subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT), GPUMON_URL=url, KERAS_BACKEND="torch"),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,  # a job that hangs is killed with its loader workers (finish)
     )
+    out, err = finish(p, timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 STARVED = "gpumon: GPU 0 starved (cpu)"
