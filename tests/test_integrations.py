@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpumon.integrations import Watch, process_tree
+from gpumon.integrations import SETTLE_S, Watch, process_tree
 
 from .conftest import free_port
 
@@ -127,7 +127,11 @@ def test_the_summary_counts_only_this_run(stub: Stub) -> None:
     w = Watch(stub.url, log=lines.append)
     me = os.getpid()
     before = {"healthy": 5000.0, "starved": 100.0}
-    stub.state = {"gpus": [gpu(0, "healthy", [me], 0.0, seconds=before, wasted=50.0)]}
+    # a GPU whose state goes on from before the run: this run's from the detector's settling time on
+    stub.state = {
+        "time_unix_s": w._started_unix + SETTLE_S,
+        "gpus": [gpu(0, "healthy", [me], 0.0, seconds=before, wasted=50.0)],
+    }
     w.start()
     deadline = time.monotonic() + 10
     while stub.asked == 0 and time.monotonic() < deadline:
@@ -135,10 +139,29 @@ def test_the_summary_counts_only_this_run(stub: Stub) -> None:
     after = {"healthy": 5080.0, "starved": 145.0}
     stub.state = {"gpus": [gpu(0, "healthy", [me], 0.0, seconds=after, wasted=77.0)]}
     w.stop()
-    assert (
-        lines[-1]
-        == "gpumon: this run on GPU 0: healthy 80 s (64%), starved 45 s (36%); 0.0075 GPU-hours wasted"
+    assert lines[-1] == (
+        "gpumon: this run on GPU 0: healthy 80 s (64%), starved 45 s (36%); 0.0075 GPU-hours wasted "
+        "(judged from 15 s in)"
     )
+
+
+def test_the_gpus_state_before_the_run_is_not_the_runs(stub: Stub) -> None:
+    # a fed job on a GPU that was idle: the daemon says idle for its window and confirmation after
+    # the first steps; the summary counts from its first verdict on this run
+    lines: list[str] = []
+    w = Watch(stub.url, log=lines.append)
+    t0, me = w._started_unix, os.getpid()
+    for t, label, start, seconds in (
+        (1.0, "idle", t0 - 3600, {"idle": 9000.0}),
+        (6.0, "idle", t0 - 3600, {"idle": 9005.0}),
+        (11.0, "healthy", t0 + 9, {"idle": 9010.0, "healthy": 1.0}),  # its start: the change
+        (18.0, "healthy", t0 + 9, {"idle": 9010.0, "healthy": 8.0}),
+    ):
+        stub.state = {"time_unix_s": t0 + t, "gpus": [gpu(0, label, [me], start, seconds=seconds)]}
+        w._poll()
+    w._say_summary()
+    summary = "healthy 7 s (100%); 0.0000 GPU-hours wasted (judged from 11 s in)"
+    assert lines == [f"gpumon: this run on GPU 0: {summary}"]
 
 
 def test_no_daemon_is_one_line_then_silence() -> None:

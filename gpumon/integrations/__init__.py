@@ -157,6 +157,9 @@ class Watch:
         self._advised: OrderedDict[tuple[str, float], None] = OrderedDict()
         """Episodes whose fix line (what a fix buys) has been said."""
         self._first: dict[str, dict[str, Any]] = {}
+        """Each GPU's first reading that judges this run (the summary counts from it)."""
+        self._judged_from: dict[str, float] = {}
+        """Seconds into the run of that reading."""
         self._last: dict[str, dict[str, Any]] = {}
         self._reachable: bool | None = None
         self._said_which = False
@@ -276,15 +279,20 @@ class Watch:
         now = float(state.get("time_unix_s") or time.time())
         for g in self._mine(state):
             key = g["uuid"] or str(g["index"])
-            self._first.setdefault(key, g)
-            self._last[key] = g
-            label = str(g.get("label") or "")
-            if not label.startswith(REPORTED):
-                continue
             current = next(
                 (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
             )
             start = float(current["start_unix_s"]) if current else now - float(g.get("since_s") or 0)
+            ours = start >= self._started_unix - 2 or now - self._started_unix >= SETTLE_S
+            if key not in self._first and ours:
+                # the run's counters start once the daemon judges this run, not the GPU's previous
+                # state carried into its first seconds (a fed job's summary read "idle 10 s (59%)")
+                self._first[key] = g
+                self._judged_from[key] = now - self._started_unix
+            self._last[key] = g
+            label = str(g.get("label") or "")
+            if not label.startswith(REPORTED):
+                continue
             episode = (key, round(start, 1))
             fix = fix_line(g.get("advice"), self.framework) if label.startswith("starved") else None
             if episode in self._reported:
@@ -292,7 +300,7 @@ class Watch:
                     _remember(self._advised, episode)
                     self._say(f"gpumon: GPU {g['index']}: what a fix buys: {fix}")
                 continue
-            if start < self._started_unix - 2 and now - self._started_unix < SETTLE_S:
+            if not ours:
                 continue  # an episode of the GPU's previous job, until the detector has seen ours
             _remember(self._reported, episode)
             line = self._episode_line(g, label, now - max(start, self._started_unix))
@@ -313,7 +321,7 @@ class Watch:
 
     def _say_summary(self) -> None:
         for key, last in self._last.items():
-            first = self._first.get(key, last)
+            first = self._first.get(key, last)  # never judged: nothing counted (too short)
             spent = _deltas(first.get("seconds_in_state"), last.get("seconds_in_state"))
             causes = _deltas(first.get("starved_seconds_by_cause"), last.get("starved_seconds_by_cause"))
             if "starved" in spent and causes:  # starved-cpu 40 s, starved-io 5 s, rather than starved 45 s
@@ -324,9 +332,11 @@ class Watch:
             states = ", ".join(
                 f"{k} {v:.0f} s ({v / total:.0%})" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
             )
+            settling = self._judged_from.get(key, 0.0)
+            since = f" (judged from {settling:.0f} s in)" if settling >= 1 else ""
             self._say(
                 f"gpumon: this run on GPU {last['index']}: {states or 'too short to judge'}; "
-                f"{wasted / 3600:.4f} GPU-hours wasted"
+                f"{wasted / 3600:.4f} GPU-hours wasted{since}"
             )
 
 
