@@ -114,6 +114,24 @@ def test_an_answer_is_reused_until_a_new_tick_arrives(daemon: Daemon) -> None:
     assert moved == pytest.approx(1.0)
 
 
+def test_ticks_logged_while_the_analysis_waits_for_its_thread_do_not_make_it_a_replay(daemon: Daemon) -> None:
+    # "since=5m" ends at the moment it was asked; the analysis thread runs at nice 19 and, beside
+    # busy cores, starts late: the ticks logged meanwhile made the range look older than the log
+    api = daemon.analysis
+    inner = api._in_process
+
+    def late(*args: object) -> Answer | None:
+        tick(daemon, 3)  # three ticks before the thread gets a core
+        return inner(*args)  # type: ignore[arg-type]
+
+    api._in_process = late  # type: ignore[method-assign]
+    try:
+        got = ask(api, "since=5m&gpu=0")
+    finally:
+        api._in_process = inner  # type: ignore[method-assign]
+    assert got.status == 200 and how(got) == "in-process", (got.status, how(got))
+
+
 def test_a_range_older_than_the_daemon_holds_is_replayed(daemon: Daemon) -> None:
     got = ask(daemon.analysis, "since=14m&until=12m")
     assert got.status == 200 and how(got) == "replayed", got.body

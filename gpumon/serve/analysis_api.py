@@ -41,7 +41,7 @@ from gpumon.config.settings import Config
 from gpumon.core.errors import EXIT_BAD_TRACE, EXIT_USAGE
 from gpumon.core.timepoints import iso_utc, time_point
 from gpumon.serve.cpu_budget import CpuBudget
-from gpumon.serve.verdict_log import VerdictLog
+from gpumon.serve.verdict_log import LogView, VerdictLog
 from gpumon.trace.segments import list_segments
 
 log = logging.getLogger("gpumon")
@@ -202,8 +202,14 @@ class AnalysisApi:
             loop = asyncio.get_running_loop()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, "gpumon-analysis", initializer=_lower_priority)
+            # the verdicts as they are now, when `until` ("now" for a range to the present) was
+            # read: a tick logged before the analysis thread runs (at nice 19, beside busy cores,
+            # that can be several) would make the range look older than the log, and replayed
+            view = self._recent.view()
             try:
-                found = await loop.run_in_executor(self._pool, self._in_process, since, until, gpus, cfg)
+                found = await loop.run_in_executor(
+                    self._pool, self._in_process, view, since, until, gpus, cfg
+                )
             except Exception:  # a bug here costs the fast path, not the answer: the replay gives it
                 log.exception("analysis: the in-process answer failed; replaying the recording instead")
                 found = None
@@ -218,17 +224,16 @@ class AnalysisApi:
             self.budget.charge(used, self._monotonic())
 
     def _in_process(
-        self, since: float, until: float, gpus: frozenset[int] | None, cfg: Config
+        self, view: LogView | None, since: float, until: float, gpus: frozenset[int] | None, cfg: Config
     ) -> Answer | None:
         """On the analysis thread: the answer from the daemon's verdicts (None: replay the range)."""
-        assert self._recent is not None and self.directory is not None
+        assert self.directory is not None
         # the analysis code, loaded by the first range asked (a daemon's first sample comes sooner)
         from gpumon.analyze.trace_report import to_json
         from gpumon.serve.recent_range import analyze_recent
 
         start = time.thread_time()
         try:
-            view = self._recent.view()
             found = None
             if view is not None:
                 th, header = cfg.thresholds, self._header()
