@@ -28,7 +28,9 @@ from gpumon.config.sources import source_spec
 from gpumon.core.clock import VirtualClock
 from gpumon.core.model import GpuSample
 from gpumon.core.problems import Problems
+from gpumon.serve import http
 from gpumon.serve.daemon import Daemon
+from gpumon.serve.webconfig import WebConfig
 
 from .conftest import ROOT
 
@@ -134,6 +136,7 @@ def served():
         scheme = "https" if d.web_config.tls else "http"
         return f"{scheme}://127.0.0.1:{port}"
 
+    start.daemons = daemons  # type: ignore[attr-defined]
     yield start
     for d in daemons:
         d.stop()
@@ -276,6 +279,47 @@ def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served
     finally:
         for s in [scraper, *crowd]:
             s.close()
+
+
+def test_at_the_cap_connections_are_accepted_no_faster_than_the_eviction_budget(
+    served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a crowd that reconnects as soon as it is closed waits in the kernel's backlog instead of
+    # keeping the event loop busy; the served scraper is answered meanwhile
+    monkeypatch.setattr(http, "EVICTIONS_PER_S", 2.0)
+    base = served(max_connections=3, request_timeout_s=30.0)
+    host, port = base.removeprefix("http://").split(":")
+    scraper = socket.create_connection((host, int(port)))
+    crowd: list[socket.socket] = []
+    try:
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+        t0 = time.monotonic()
+        for _ in range(40):
+            s = socket.create_connection((host, int(port)))  # queued by the kernel, if not accepted
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost:")
+            crowd.append(s)
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK", "answered while the crowd waits"
+        elapsed = time.monotonic() - t0
+        web = served.daemons[-1].web  # type: ignore[attr-defined]
+        # the budget: 2 at once, then 2 a second (however slow this machine ran the loop above)
+        assert web.evicted <= 2 + 2 * elapsed + 1, (web.evicted, elapsed)
+    finally:
+        for s in [scraper, *crowd]:
+            s.close()
+
+
+def test_the_eviction_budget_refills_at_its_rate() -> None:
+    web = http.WebServer(("127.0.0.1", 0), None, WebConfig())  # type: ignore[arg-type]
+    try:
+        rate = http.EVICTIONS_PER_S
+        web._tokens_at = 100.0
+        assert sum(web._may_evict(100.0) for _ in range(int(rate) + 5)) == int(rate)  # the burst
+        assert not web._may_evict(100.0)
+        later = 100.0 + 1.5 / rate  # a token and a half refilled
+        assert web._may_evict(later) and not web._may_evict(later)
+        assert sum(web._may_evict(200.0) for _ in range(int(rate) * 3)) == int(rate), "no more than a burst"
+    finally:
+        web.stop()
 
 
 def test_a_served_connection_waits_keepalive_timeout_and_a_new_one_request_timeout(served) -> None:

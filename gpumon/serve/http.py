@@ -57,9 +57,14 @@ MAX_HEADER_BYTES = 16 * 1024
 LISTEN_BACKLOG = 1024
 """Connections the kernel queues before they are accepted."""
 ACCEPT_BATCH = 16
-"""Connections accepted in one pass of the event loop (asyncio takes its listen backlog's worth,
-1,024, each with a task and a transport: under a crowd that reconnects as fast as it is closed,
-one such pass held a kept-alive scraper's request back by hundreds of milliseconds)."""
+"""Connections accepted in one pass of the event loop (asyncio's own server takes its listen
+backlog's worth, 1,024, each with a task and a transport: under a crowd that reconnects as fast as
+it is closed, one such pass held a kept-alive scraper's request back by hundreds of milliseconds)."""
+EVICTIONS_PER_S = 200.0
+"""At `max_connections`, connections are accepted (each closing another) at most this fast, with
+as many at once: a crowd that reconnects as soon as it is closed then waits in the kernel's
+backlog, at no cost to the daemon, instead of keeping its event loop busy a core's worth (the
+connections already served are answered between its passes)."""
 GZIP_MIN_BYTES = 1024
 BCRYPT_THREADS = 2
 BCRYPT_PENDING_PER_CLIENT = 2
@@ -355,7 +360,12 @@ class WebServer:
         self.refused = 0
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._listening: list[socket.socket] = []
+        self._unborn = 0
+        """Connections accepted whose `_client` has not started yet (they count against the limit)."""
+        self._evict_tokens = EVICTIONS_PER_S
+        self._tokens_at = 0.0
+        self._paused: asyncio.TimerHandle | None = None
         host, port = address
         try:
             self._sockets = _bind(host, port)
@@ -373,29 +383,14 @@ class WebServer:
             asyncio.set_event_loop(self._loop)
 
             async def serve() -> None:
-                self._server = await asyncio.start_server(
-                    self._client,
-                    sock=self._sockets[0],
-                    ssl=self._ssl_for_new_connections(),
-                    ssl_handshake_timeout=self.timeout_s if self._ssl else None,
-                    backlog=ACCEPT_BATCH,
-                    limit=MAX_HEADER_BYTES * 2,
-                )
-                self._extra = [
-                    await asyncio.start_server(
-                        self._client,
-                        sock=s,
-                        ssl=self._ssl_for_new_connections(),
-                        ssl_handshake_timeout=self.timeout_s if self._ssl else None,
-                        backlog=ACCEPT_BATCH,
-                        limit=MAX_HEADER_BYTES * 2,
-                    )
-                    for s in self._sockets[1:]
-                ]
-                # asyncio's backlog is both listen()'s and the accepts per pass: the kernel's
-                # queue stays deep, the passes short
+                # accepted here rather than by asyncio.start_server, whose passes take up to its
+                # backlog at once and cannot be paused: at the limit, accepting waits its turn
                 for sock in self._sockets:
+                    sock.setblocking(False)
                     sock.listen(LISTEN_BACKLOG)
+                    self._loop.add_reader(sock.fileno(), self._accept, sock)
+                    self._listening.append(sock)
+                self._tokens_at = self._loop.time()
                 ready.set()
 
             self._loop.run_until_complete(serve())
@@ -407,6 +402,66 @@ class WebServer:
 
     def _ssl_for_new_connections(self) -> ssl.SSLContext | None:
         return self._ssl
+
+    def _accept(self, sock: socket.socket) -> None:
+        """The listening socket is readable: up to ACCEPT_BATCH connections, each handed to asyncio
+        as start_server would; at the limit, only as many as the eviction budget allows."""
+        loop = self._loop
+        for _ in range(ACCEPT_BATCH):
+            full = len(self._conns) + self._unborn >= self.max_connections
+            if full and not self._may_evict(loop.time()):
+                self._pause_accepting((1.0 - self._evict_tokens) / EVICTIONS_PER_S)
+                return
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:  # out of file descriptors, or of memory: try again in a while
+                log.warning("accepting connections: %s; trying again in 1 s", e.strerror)
+                self._pause_accepting(1.0)
+                return
+            conn.setblocking(False)
+            self._unborn += 1
+            loop.create_task(self._connected(conn))
+
+    def _may_evict(self, now: float) -> bool:
+        """One token of the eviction budget, if there is one (it refills at EVICTIONS_PER_S)."""
+        self._evict_tokens = min(
+            EVICTIONS_PER_S, self._evict_tokens + (now - self._tokens_at) * EVICTIONS_PER_S
+        )
+        self._tokens_at = now
+        if self._evict_tokens < 1.0:
+            return False
+        self._evict_tokens -= 1.0
+        return True
+
+    def _pause_accepting(self, seconds: float) -> None:
+        if self._paused is not None:
+            return
+        for sock in self._listening:
+            self._loop.remove_reader(sock.fileno())
+        self._paused = self._loop.call_later(max(0.001, seconds), self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        self._paused = None
+        for sock in self._listening:
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    async def _connected(self, conn: socket.socket) -> None:
+        """A new connection as asyncio.start_server makes one: a stream and `_client`'s task."""
+        loop = self._loop
+        reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES * 2, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, self._client, loop=loop)
+        try:
+            await loop.connect_accepted_socket(
+                lambda: protocol,
+                sock=conn,
+                ssl=self._ssl_for_new_connections(),
+                ssl_handshake_timeout=self.timeout_s if self._ssl else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, asyncio.CancelledError):
+            self._unborn -= 1  # no `_client` for it
+            conn.close()  # a handshake that failed or never came, or the server stopping
 
     def reconfigure(self, web: WebConfig) -> None:
         """SIGHUP: new users and certificates apply to new connections."""
@@ -449,9 +504,13 @@ class WebServer:
                 lp.default_exception_handler(context)
 
         loop.set_exception_handler(quiet_cancel)
-        for server in [self._server, *getattr(self, "_extra", [])]:
-            if server is not None:
-                server.close()
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        for sock in self._listening:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        self._listening = []
         for writer in list(self._conns):
             writer.close()
         me = asyncio.current_task()
@@ -463,6 +522,7 @@ class WebServer:
     # -- one connection ----------------------------------------------------------------------------
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._unborn = max(0, self._unborn - 1)
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
