@@ -11,7 +11,9 @@ One asyncio event loop on its own thread serves every connection; requests are p
   `max_connections`, one is closed to make room: the one that has waited longest without ever
   sending a whole request, and only when there is none, the served one idle longest. So a crowd
   of slow clients, even one that reconnects as soon as it is closed, never closes a scraper's
-  kept-alive connection, and its scrapes never queue behind the crowd's connects.
+  kept-alive connection, and its scrapes never queue behind the crowd's connects. At the limit,
+  connections are accepted no faster than EVICTIONS_PER_S: the rest wait in the kernel's backlog,
+  not in the event loop.
 - Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
   connection closed, so a body can never be read as a next request.
 - bcrypt runs on two worker threads, never on the event loop; each client address may have two
