@@ -627,6 +627,18 @@ def _holds_sighup(pid: int) -> bool:
     return any(m & (1 << (signal.SIGHUP - 1)) for m in masks)
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """A Python script that drives gpumon from inside, with this tree's gpumon."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+
+
 def test_serve_holds_its_signals_before_importing_anything_of_its_own() -> None:
     # what makes start-up's unguarded window short on any machine: nothing beyond the command line's
     # first file is imported (the daemon, NVML, psutil, the config) before SIGHUP is held
@@ -649,14 +661,7 @@ def test_serve_holds_its_signals_before_importing_anything_of_its_own() -> None:
         from gpumon.cli import main
         main()
     """)
-    p = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    p = run_python(code)
     assert p.returncode == 0, p.stderr
     early = p.stdout.split()
     own = [m for m in early if m.split(".")[0] in ("gpumon", "pynvml", "psutil", "yaml", "tomllib")]
@@ -720,14 +725,7 @@ def test_a_sampler_that_dies_ends_the_process_with_a_failure(tmp_path: Path) -> 
         d.pipeline.on_verdicts(bug)
         raise SystemExit(run_forever(d))
     """)
-    p = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    p = run_python(code)
     assert p.returncode == 1, (p.returncode, p.stderr)  # systemd's Restart=on-failure restarts it
     assert "the sampler stopped" in p.stderr
 
