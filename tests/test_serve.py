@@ -254,6 +254,17 @@ def _keepalive_get(sock: socket.socket, path: str = "/healthz") -> bytes:
     return head.split(b"\r\n")[0]
 
 
+def _slowloris(host: str, port: int, n: int) -> list[socket.socket]:
+    """`n` connections that each send half a request head and wait, as slowloris does (a
+    connection the server has not accepted yet is queued by the kernel)."""
+    crowd = []
+    for _ in range(n):
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost:")
+        crowd.append(s)
+    return crowd
+
+
 def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served) -> None:
     # a crowd that reconnects as soon as it is closed makes every accept evict: the scraper that
     # has been served keeps its connection, and so never queues behind the crowd's connects
@@ -263,10 +274,7 @@ def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served
     crowd: list[socket.socket] = []
     try:
         assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
-        for _ in range(12):  # three times the cap, each one evicting the longest waiting
-            s = socket.create_connection((host, int(port)))
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost:")  # half a head, as slowloris does
-            crowd.append(s)
+        crowd = _slowloris(host, int(port), 12)  # three times the cap, each evicting the longest waiting
         closed = 0
         for s in crowd[:-3]:
             s.settimeout(10)
@@ -294,10 +302,7 @@ def test_at_the_cap_connections_are_accepted_no_faster_than_the_eviction_budget(
     try:
         assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
         t0 = time.monotonic()
-        for _ in range(40):
-            s = socket.create_connection((host, int(port)))  # queued by the kernel, if not accepted
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost:")
-            crowd.append(s)
+        crowd = _slowloris(host, int(port), 40)
         assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK", "answered while the crowd waits"
         elapsed = time.monotonic() - t0
         web = served.daemons[-1].web  # type: ignore[attr-defined]
