@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import logging
 import os
@@ -616,6 +617,30 @@ def test_nvml_problems_reach_the_state_api_and_a_counter_and_clear_when_they_rec
     assert sum("gpu 1: unavailable" in m and "logged once" in m for m in logged) == 2, logged
     assert sum(m.startswith("recovered after 3 failures: gpu 1: unavailable") for m in logged) == 1, logged
     assert counter() == 4
+
+
+def test_each_new_snapshot_is_scraped_afresh_even_at_a_freed_ones_address() -> None:
+    """The exposition is rendered once per snapshot. Keyed by `id`, a new snapshot allocated where
+    the one scraped last was freed got that one's text (CI saw a problem counter stuck at 0): every
+    scrape must show the latest tick."""
+    from gpumon.collect.sources.nvml.source import NvmlSource
+
+    from .test_nvml_source import FakePynvml
+
+    fake = FakePynvml()
+    problems = Problems(logging.getLogger("gpumon.test-problems"))
+    nvml = NvmlSource(fake, problems)
+    nvml.open()
+    sources = OpenedSources(gpu=nvml, host=None, description=SourceDescription.nvml())
+    daemon = Daemon(Config(listen="127.0.0.1:0"), clock=VirtualClock(), sources=sources, problems=problems)
+    fake.lost = {1}
+    for n in range(1, 61):
+        daemon.pipeline.sampler.tick(float(n))
+        gc.collect()  # the snapshots no longer held are freed now, their memory ready for reuse
+        if n % 2:  # scraped every other tick, as when scrapes are slower than ticks
+            continue
+        text = daemon.render_metrics("")[0].decode()
+        assert sample(text, "gpumon_source_problems_total", source="nvml") == n, f"scrape after tick {n}"
 
 
 # -- lifecycle edges: early signals, a dying sampler, exit codes -----------------------------------

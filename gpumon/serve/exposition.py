@@ -33,7 +33,9 @@ def float_text(value: float) -> str:
 class _Rendered:
     """One snapshot's exposition in one format, split around the age (filled in per scrape)."""
 
-    stamp: int
+    snap: Snapshot | None
+    """The snapshot rendered, held (not its `id`, which a later snapshot may reuse once this
+    one is freed: the cache would then serve the old text as the new snapshot's)."""
     content_type: str
     head: bytes
     tail: bytes
@@ -58,11 +60,10 @@ class Exposition:
         true when the sampler stops)."""
         encoder, content_type = choose_encoder(accept)
         snap = self._snapshot()
-        stamp = id(snap)
         with self._lock:
             r = self._rendered.get(content_type)
-            if r is None or r.stamp != stamp:
-                r = _split(encoder(self.registry), stamp, content_type, snap)
+            if r is None or r.snap is not snap:
+                r = _split(encoder(self.registry), content_type, snap)
                 self._rendered[content_type] = r
         age = b"" if snap is None else float_text(round(max(0.0, self._now() - r.t_s), 3)).encode()
         if not gzip_ok:
@@ -71,11 +72,11 @@ class Exposition:
         return r.gz_head + c.compress(age + r.tail) + c.flush(), content_type, "gzip"
 
 
-def _split(body: bytes, stamp: int, content_type: str, snap: Snapshot | None) -> _Rendered:
+def _split(body: bytes, content_type: str, snap: Snapshot | None) -> _Rendered:
     marker = float_text(AGE_SENTINEL).encode()
     head, found, tail = body.partition(marker)
     if not found or marker in tail:
         head, tail = body, b""
     comp = zlib.compressobj(6, zlib.DEFLATED, 31)
     gz_head = comp.compress(head)
-    return _Rendered(stamp, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
+    return _Rendered(snap, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
