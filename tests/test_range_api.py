@@ -132,6 +132,35 @@ def test_ticks_logged_while_the_analysis_waits_for_its_thread_do_not_make_it_a_r
     assert got.status == 200 and how(got) == "in-process", (got.status, how(got))
 
 
+def test_a_tick_logged_between_reading_now_and_the_verdicts_does_not_make_it_a_replay(
+    daemon: Daemon,
+) -> None:
+    # the sampler runs on its own thread: under load a tick can land after the query read "now"
+    # and before the analysis looks at the verdicts; the range to the present then looked older
+    # than the log and was replayed (seen under load in test_recorder_serve)
+    api = daemon.analysis
+    inner = api._now
+    calls = []
+
+    def now_then_a_tick() -> float:
+        t = inner()
+        calls.append(t)
+        if len(calls) == 1:
+            tick(daemon, 1)
+        return t
+
+    api._now = now_then_a_tick  # type: ignore[method-assign]
+    try:
+        got = ask(api, "since=2m&gpu=0")
+    finally:
+        api._now = inner  # type: ignore[method-assign]
+    assert got.status == 200 and how(got) == "in-process", (got.status, how(got))
+    r = json.loads(got.body)["range"]
+    assert r["until_unix_s"] == pytest.approx(calls[-1], abs=1e-3), "the range ends at the later now"
+    assert r["until_unix_s"] - r["since_unix_s"] == pytest.approx(120), "and is the length asked"
+    assert r["last_unix_s"] > calls[0], "the range holds the tick logged meanwhile"
+
+
 def test_a_range_older_than_the_daemon_holds_is_replayed(daemon: Daemon) -> None:
     got = ask(daemon.analysis, "since=14m&until=12m")
     assert got.status == 200 and how(got) == "replayed", got.body

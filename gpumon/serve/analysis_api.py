@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ctypes
 import json
 import logging
@@ -163,7 +164,7 @@ class AnalysisApi:
         done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._running = (key, done)
         try:
-            result = await self._analyze(since, until, gpus, cfg)
+            result = await self._analyze(query, since, until, gpus, cfg)
         except BaseException as e:
             done.set_exception(e)
             done.exception()  # retrieved: a waiter that went away leaves no warning
@@ -196,7 +197,9 @@ class AnalysisApi:
         newest = self._recent.newest_unix_s if self._recent is not None else None
         return newest if newest is not None else tuple((s.path, s.bytes) for s in segments)
 
-    async def _analyze(self, since: float, until: float, gpus: frozenset[int] | None, cfg: Config) -> Answer:
+    async def _analyze(
+        self, query: str, since: float, until: float, gpus: frozenset[int] | None, cfg: Config
+    ) -> Answer:
         self.analyses += 1
         if self._recent is not None:
             loop = asyncio.get_running_loop()
@@ -206,6 +209,11 @@ class AnalysisApi:
             # read: a tick logged before the analysis thread runs (at nice 19, beside busy cores,
             # that can be several) would make the range look older than the log, and replayed
             view = self._recent.view()
+            if view is not None and until <= view.latest.unix_s:
+                # a tick was logged after the query read "now" (the sampler runs on, and under load
+                # between the two): a range to the present is asked again at a "now" after the view
+                with contextlib.suppress(ValueError):  # (an explicit `until` may now precede `since`)
+                    since, until, gpus = _parse(query, self._now(), cfg.analysis_max_range_s)
             try:
                 found = await loop.run_in_executor(
                     self._pool, self._in_process, view, since, until, gpus, cfg
