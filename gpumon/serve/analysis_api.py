@@ -277,8 +277,7 @@ class AnalysisApi:
             try:
                 out, err = await asyncio.wait_for(proc.communicate(), cfg.analysis_timeout_s)
             except TimeoutError:
-                proc.kill()
-                await proc.wait()
+                await _reap(proc)
                 limit_s = cfg.analysis_timeout_s
                 return _problem(
                     503,
@@ -286,7 +285,7 @@ class AnalysisApi:
                     retry_after_s=10,
                 )
             except asyncio.CancelledError:  # the server is stopping: the analysis goes with it
-                proc.kill()
+                await _reap(proc)
                 raise
         except OSError as e:
             return _problem(503, f"cannot start the analysis: {e.strerror}", retry_after_s=10)
@@ -295,6 +294,20 @@ class AnalysisApi:
             why = why.removeprefix("gpumon: error: ").removeprefix("gpumon analyze: error: ")
             return _problem(_status(proc.returncode, why), why)
         return Answer(200, out, (("X-Gpumon-Analysis", "replayed"),))
+
+
+REAP_S = 5.0
+"""How long a killed analysis is given to exit and close its pipes."""
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill an analysis and collect it: exited, and its pipes read to their end and closed while
+    the loop still runs (left to the garbage collector, they were closed after the loop, which
+    printed "Exception ignored ... Event loop is closed" at the daemon's stop)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.communicate(), REAP_S)
 
 
 def _parse(query: str, now: float, max_range_s: float) -> tuple[float, float, frozenset[int] | None]:
