@@ -2,7 +2,7 @@
 changes, ranks waiting in a collective, on the labeled corpus and through the real pynvml on the
 stand-in libnvidia-ml.so.1 with real processes of this host.
 
-    .venv/bin/python -m benchmarks.false_alarms [--cases 240] [--seconds 90]
+    .venv/bin/python -m benchmarks.false_alarms [--cases 240] [--seconds 90] [--keep DIR]
 
 An alarm is an episode (not `unknown`) whose state is `starved` or `stalled`; it is false when the
 truth at its middle is not that state (start-up, `starting`, is no stall). Reported per GPU-hour,
@@ -23,10 +23,11 @@ Goal: 0 false alarms in every case; the corpus's recall and onset as before (doc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumon.analyze.trace_report import Analysis, analyze
@@ -43,6 +44,8 @@ class Tally:
     alarms: int = 0
     starved_s: float = 0.0
     starved_flagged_s: float = 0.0
+    false_ones: list[str] = field(default_factory=list)
+    """Each false alarm: its GPU, state, span and the truth at its middle."""
 
     def add(self, other: Tally) -> None:
         for k in self.__dataclass_fields__:
@@ -87,7 +90,11 @@ def score(a: Analysis, scenarios: list[Scenario], settle_s: float = 11.0) -> Tal
                 continue
             out.alarms += 1
             middle = truth_at(sc, (e.start_s + end) / 2)
-            out.false_alarms += not middle.startswith(e.state)
+            if not middle.startswith(e.state):
+                out.false_alarms += 1
+                out.false_ones.append(
+                    f"GPU {g.index} ({sc.name}): {e.state} {e.start_s:.1f}-{end:.1f} s, the truth {middle}"
+                )
     return out
 
 
@@ -111,11 +118,13 @@ STANDIN = {
 }
 
 
-def standin(seconds: int) -> dict[str, Tally]:
+def standin(seconds: int, keep: str | None = None) -> dict[str, Tally]:
+    """The stand-in cases, all at once; their traces kept in `keep` (else a temporary folder)."""
     spin = [sys.executable, "-c", "while True: pass"]
     procs: list[subprocess.Popen[bytes]] = []
     runs: dict[str, tuple[subprocess.Popen[str], Path, list[Scenario]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    folder_cm = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()
+    with folder_cm as tmp:
         try:
             for name, scenarios in STANDIN.items():
                 names = scenarios.split(",")
@@ -157,10 +166,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=240, help="corpus cases (0: none)")
     ap.add_argument("--seconds", type=int, default=90, help="each stand-in case, in real time (0: none)")
+    ap.add_argument("--keep", metavar="DIR", help="keep the stand-in cases' traces in DIR/CASE/trace.jsonl")
     args = ap.parse_args()
     rows: list[tuple[str, Tally]] = []
     if args.seconds:
-        rows += list(standin(args.seconds).items())
+        rows += list(standin(args.seconds, args.keep).items())
     if args.cases:
         rows.append((f"corpus ({args.cases} cases)", corpus(args.cases)))
     total = Tally()
@@ -168,6 +178,8 @@ def main() -> None:
         print(t.line(name))
         total.add(t)
     print(total.line("all"))
+    for line in total.false_ones:
+        print(f"  false alarm: {line}")
     print(f"false alarms: {total.false_alarms} (goal 0)")
 
 
