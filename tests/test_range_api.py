@@ -114,7 +114,9 @@ def test_an_answer_is_reused_until_a_new_tick_arrives(daemon: Daemon) -> None:
     assert moved == pytest.approx(1.0)
 
 
-def test_ticks_logged_while_the_analysis_waits_for_its_thread_do_not_make_it_a_replay(daemon: Daemon) -> None:
+def test_ticks_logged_while_the_analysis_waits_for_its_thread_do_not_make_it_a_replay(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # "since=5m" ends at the moment it was asked; the analysis thread runs at nice 19 and, beside
     # busy cores, starts late: the ticks logged meanwhile made the range look older than the log
     api = daemon.analysis
@@ -124,16 +126,13 @@ def test_ticks_logged_while_the_analysis_waits_for_its_thread_do_not_make_it_a_r
         tick(daemon, 3)  # three ticks before the thread gets a core
         return inner(*args)  # type: ignore[arg-type]
 
-    api._in_process = late  # type: ignore[method-assign]
-    try:
-        got = ask(api, "since=5m&gpu=0")
-    finally:
-        api._in_process = inner  # type: ignore[method-assign]
+    monkeypatch.setattr(api, "_in_process", late)
+    got = ask(api, "since=5m&gpu=0")
     assert got.status == 200 and how(got) == "in-process", (got.status, how(got))
 
 
 def test_a_tick_logged_between_reading_now_and_the_verdicts_does_not_make_it_a_replay(
-    daemon: Daemon,
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the sampler runs on its own thread: under load a tick can land after the query read "now"
     # and before the analysis looks at the verdicts; the range to the present then looked older
@@ -149,11 +148,8 @@ def test_a_tick_logged_between_reading_now_and_the_verdicts_does_not_make_it_a_r
             tick(daemon, 1)
         return t
 
-    api._now = now_then_a_tick  # type: ignore[method-assign]
-    try:
-        got = ask(api, "since=2m&gpu=0")
-    finally:
-        api._now = inner  # type: ignore[method-assign]
+    monkeypatch.setattr(api, "_now", now_then_a_tick)
+    got = ask(api, "since=2m&gpu=0")
     assert got.status == 200 and how(got) == "in-process", (got.status, how(got))
     r = json.loads(got.body)["range"]
     assert r["until_unix_s"] == pytest.approx(calls[-1], abs=1e-3), "the range ends at the later now"
