@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import json
 import logging
@@ -19,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -266,16 +268,26 @@ def _slowloris(host: str, port: int, n: int) -> list[socket.socket]:
     return crowd
 
 
+@contextlib.contextmanager
+def _served_scraper(base: str) -> Iterator[tuple[str, int, socket.socket, list[socket.socket]]]:
+    """(host, port, a scraper already served once on a kept-alive connection, a list for the
+    test's other connections); every one closed at the end."""
+    host, port = base.removeprefix("http://").split(":")
+    scraper = socket.create_connection((host, int(port)))
+    others: list[socket.socket] = []
+    try:
+        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+        yield host, int(port), scraper, others
+    finally:
+        for s in [scraper, *others]:
+            s.close()
+
+
 def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served) -> None:
     # a crowd that reconnects as soon as it is closed makes every accept evict: the scraper that
     # has been served keeps its connection, and so never queues behind the crowd's connects
-    base = served(max_connections=4, request_timeout_s=5.0)
-    host, port = base.removeprefix("http://").split(":")
-    scraper = socket.create_connection((host, int(port)))
-    crowd: list[socket.socket] = []
-    try:
-        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
-        crowd = _slowloris(host, int(port), 12)  # three times the cap, each evicting the longest waiting
+    with _served_scraper(served(max_connections=4, request_timeout_s=5.0)) as (host, port, scraper, crowd):
+        crowd += _slowloris(host, port, 12)  # three times the cap, each evicting the longest waiting
         closed = 0
         for s in crowd[:-3]:
             s.settimeout(10)
@@ -285,9 +297,6 @@ def test_a_crowd_at_the_cap_never_closes_a_scrapers_kept_alive_connection(served
                 closed += 1
         assert closed == 9, "the crowd made room for itself, longest waiting first"
         assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK", "the scraper's connection was kept"
-    finally:
-        for s in [scraper, *crowd]:
-            s.close()
 
 
 def test_at_the_cap_connections_are_accepted_no_faster_than_the_eviction_budget(
@@ -296,22 +305,14 @@ def test_at_the_cap_connections_are_accepted_no_faster_than_the_eviction_budget(
     # a crowd that reconnects as soon as it is closed waits in the kernel's backlog instead of
     # keeping the event loop busy; the served scraper is answered meanwhile
     monkeypatch.setattr(http, "EVICTIONS_PER_S", 2.0)
-    base = served(max_connections=3, request_timeout_s=30.0)
-    host, port = base.removeprefix("http://").split(":")
-    scraper = socket.create_connection((host, int(port)))
-    crowd: list[socket.socket] = []
-    try:
-        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+    with _served_scraper(served(max_connections=3, request_timeout_s=30.0)) as (host, port, scraper, crowd):
         t0 = time.monotonic()
-        crowd = _slowloris(host, int(port), 40)
+        crowd += _slowloris(host, port, 40)
         assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK", "answered while the crowd waits"
         elapsed = time.monotonic() - t0
         web = served.daemons[-1].web  # type: ignore[attr-defined]
         # the budget: 2 at once, then 2 a second (however slow this machine ran the loop above)
         assert web.evicted <= 2 + 2 * elapsed + 1, (web.evicted, elapsed)
-    finally:
-        for s in [scraper, *crowd]:
-            s.close()
 
 
 def test_the_eviction_budget_refills_at_its_rate() -> None:
@@ -329,12 +330,14 @@ def test_the_eviction_budget_refills_at_its_rate() -> None:
 
 
 def test_a_served_connection_waits_keepalive_timeout_and_a_new_one_request_timeout(served) -> None:
-    base = served(request_timeout_s=0.5, keepalive_timeout_s=30.0)
-    host, port = base.removeprefix("http://").split(":")
-    scraper = socket.create_connection((host, int(port)))
-    silent = socket.create_connection((host, int(port)))
-    try:
-        assert _keepalive_get(scraper) == b"HTTP/1.1 200 OK"
+    with _served_scraper(served(request_timeout_s=0.5, keepalive_timeout_s=30.0)) as (
+        host,
+        port,
+        scraper,
+        others,
+    ):
+        silent = socket.create_connection((host, port))
+        others.append(silent)
         silent.settimeout(10)
         assert silent.recv(100) == b"", "a connection that never sent a request is closed"
         # the scraper idled as long as the silent client's whole life: its connection still serves
@@ -342,9 +345,6 @@ def test_a_served_connection_waits_keepalive_timeout_and_a_new_one_request_timeo
         scraper.sendall(b"GET /healthz HTTP/1.1\r\n")  # then trickles a head: request_timeout_s
         scraper.settimeout(10)
         assert scraper.recv(100) == b"", "a served client may trickle no more than a new one"
-    finally:
-        scraper.close()
-        silent.close()
 
 
 def test_a_hung_source_never_stalls_a_scrape() -> None:
