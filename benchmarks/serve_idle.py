@@ -15,6 +15,11 @@ folder), 1 s cadence for both exporters.
 - First sample: spawn to the first answer of /metrics that carries a GPU series, each exporter
   started --starts times, alternately; medians and the ratio.
 
+Both start as installed: by their console scripts, from compiled bytecode. pip compiles a wheel's
+modules when it installs them; an editable install under PYTHONDONTWRITEBYTECODE (set on some CI
+and development machines) never writes gpumon's, and would compile its sources at every start
+(~30 ms here), so gpumon's are compiled first, as pip would have.
+
 Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <= 1.0.
 Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
 """
@@ -22,6 +27,7 @@ Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[d
 from __future__ import annotations
 
 import argparse
+import compileall
 import shutil
 import socket
 import statistics
@@ -75,14 +81,19 @@ class Exporter:
     argv: Callable[[int, Path], list[str]]
 
 
+def console_script(name: str) -> str | None:
+    """The installed entry point, in this interpreter's environment first."""
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+
+
 def exporters(peer: str | None) -> list[Exporter]:
+    gpumon = console_script("gpumon")
+    start = [gpumon] if gpumon is not None else [sys.executable, "-m", "gpumon"]
     out = [
         Exporter(
             "gpumon",
             lambda port, tmp: [
-                sys.executable,
-                "-m",
-                "gpumon",
+                *start,
                 "serve",
                 "--listen",
                 f"127.0.0.1:{port}",
@@ -92,9 +103,7 @@ def exporters(peer: str | None) -> list[Exporter]:
         )
     ]
     if peer == "nvitop-exporter":
-        exe = shutil.which("nvitop-exporter", path=str(Path(sys.executable).parent)) or shutil.which(
-            "nvitop-exporter"
-        )
+        exe = console_script("nvitop-exporter")
         if exe is None:
             sys.exit("serve_idle: nvitop-exporter is not installed here: pip install -e '.[dev]'")
         out.append(
@@ -157,6 +166,9 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.fakenvml import driver
+
+    # as pip does at install (a no-op where the bytecode is current)
+    compileall.compile_dir(ROOT / "gpumon", quiet=1)
 
     who = exporters(args.peer)
     share: dict[str, list[float]] = {e.name: [] for e in who}
