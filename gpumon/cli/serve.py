@@ -106,8 +106,6 @@ def _check_address(cfg: Config) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.serve.daemon import Daemon, run_forever
-
     cfg = load(args)
     if args.check_config:
         description = check(cfg)
@@ -119,6 +117,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     logging.getLogger().setLevel(cfg.log_level.upper())
     from gpumon.config.sources import source_spec
+    from gpumon.serve.sampling import daemon_pipeline
 
     clock = flags.clock_for(args, source_spec(cfg))  # --speed: simulated or replayed GPUs only
-    return run_forever(Daemon(cfg, reload=lambda: load(args), clock=clock, duration_s=args.duration))
+    # the driver opens on its own thread while the rest of the daemon is imported
+    pipeline = daemon_pipeline(cfg, clock, open_in_background=True)
+    from gpumon.serve.daemon import Daemon, run_forever
+
+    try:
+        daemon = Daemon(
+            cfg, reload=lambda: load(args), clock=clock, duration_s=args.duration, pipeline=pipeline
+        )
+    except BaseException:
+        pipeline.close()  # the driver is shut down before the one-line error
+        raise
+    return run_forever(daemon)

@@ -25,7 +25,6 @@ from typing import Any
 from gpumon.collect.pipeline import Pipeline
 from gpumon.collect.pipeline.sources import OpenedSources
 from gpumon.config.settings import SETTINGS, Config
-from gpumon.config.sources import attribution_spec, source_spec
 from gpumon.core.clock import Clock, MonotonicClock
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
@@ -37,6 +36,7 @@ from gpumon.serve.analysis_api import AnalysisApi
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
 from gpumon.serve.landing import landing_page
+from gpumon.serve.sampling import daemon_pipeline
 from gpumon.serve.sdnotify import Notifier
 from gpumon.serve.signals import DAEMON_SIGNALS, block_signals, wake_main_thread
 from gpumon.serve.snapshot import GpuCounters, Snapshot, to_state_json
@@ -64,9 +64,11 @@ class Daemon:
         notifier: Notifier | None = None,
         problems: Problems | None = None,
         duration_s: float | None = None,
+        pipeline: Pipeline | None = None,
     ) -> None:
         """`duration_s`: stop (exit 0) after this long on the sampler's clock (a demo, a
-        simulation at --speed max); by default, serve until told to stop."""
+        simulation at --speed max); by default, serve until told to stop. `pipeline`: one built
+        already (gpumon.serve.sampling.daemon_pipeline, on the same clock), else built here."""
         self.cfg = cfg
         self.duration_s = duration_s
         self._reload = reload
@@ -74,18 +76,7 @@ class Daemon:
         self.clock = clock or MonotonicClock()
         self.notifier = notifier or Notifier()
         self.web_config = load_web_config(cfg.web_config_file)
-        self.pipeline = Pipeline(
-            source_spec(cfg),
-            self.clock,
-            interval_s=cfg.interval_s,
-            thresholds=cfg.thresholds,
-            history_s=cfg.window_s,
-            retry_nvml=True,
-            nvml_call_timeout_s=cfg.nvml_call_timeout_s,
-            sources=sources,
-            problems=problems,
-            attribution=attribution_spec(cfg),
-        )
+        self.pipeline = pipeline or daemon_pipeline(cfg, self.clock, sources=sources, problems=problems)
         self.sampler = self.pipeline.sampler
         self.detector = self.pipeline.detector
         self.sources = self.pipeline.sources

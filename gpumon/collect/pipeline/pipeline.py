@@ -15,6 +15,7 @@ from gpumon.collect.sources.jobs import JobSource
 from gpumon.core.clock import Clock
 from gpumon.core.model import GpuSample, Tick
 from gpumon.core.problems import Problems
+from gpumon.core.threads import named_thread
 from gpumon.detect.stage import DetectorSink
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import Verdict
@@ -56,7 +57,13 @@ class Pipeline:
         sources: OpenedSources | None = None,
         problems: Problems | None = None,
         attribution: AttributionSpec | None = DEFAULT_ATTRIBUTION,
+        open_in_background: bool = False,
     ) -> None:
+        """`open_in_background`: the driver is opened (nvmlInit, supervised as ever) on a thread of
+        its own, and `run` or `poll_once` waits for it: the caller goes on meanwhile (the daemon
+        imports the rest of itself while a real driver, which may take a second, opens). For a
+        caller that keeps a missing driver retrying (`retry_nvml`): an open that fails otherwise
+        fails there, not here."""
         self.spec = spec
         self.clock = clock
         self._kubelet: KubeletClient | None = None
@@ -64,12 +71,16 @@ class Pipeline:
         self.sources = sources or open_sources(spec, clock, self.problems, retry_nvml=retry_nvml)
         guard = self.sources.guard
         self.supervisor = Supervisor(guard, nvml_call_timeout_s) if guard is not None else None
+        self._opening: threading.Thread | None = None
+        self._open_failed: list[BaseException] = []
         if self.sources.start is not None:
-            try:
-                self._call(self.sources.start)
-            except BaseException:
-                self.sources.close()
-                raise
+            if open_in_background:
+                self._opening = named_thread(self._open, "gpumon-open")
+                self._opening.start()
+            else:
+                self._open()
+                if self._open_failed:
+                    raise self._open_failed[0]
         self.sampler = Sampler(
             self.sources.gpu,
             self.sources.host,
@@ -83,6 +94,21 @@ class Pipeline:
         self._tick_sinks: list[Callable[[Tick], None]] = []
         self._verdict_sinks: list[Callable[[Tick, list[Verdict]], None]] = []
         self.sampler.on_tick.append(self._after_tick)
+
+    def _open(self) -> None:
+        assert self.sources.start is not None
+        try:
+            self._call(self.sources.start)
+        except BaseException as e:
+            self.sources.close()
+            self._open_failed.append(e)
+
+    def _opened(self) -> None:
+        """Wait for a background open; raise what it raised."""
+        if self._opening is not None:
+            self._opening.join()
+        if self._open_failed:
+            raise self._open_failed[0]
 
     def _job_source(self, spec: SourceSpec, attribution: AttributionSpec | None) -> JobSource | None:
         """Live GPUs get their jobs attributed; a replay keeps the jobs it recorded."""
@@ -139,6 +165,7 @@ class Pipeline:
     ) -> None:
         """Sample until `duration_s` has passed, `stop` is set or a replay ends. `first_tick_s`:
         the first tick this soon after start (default: one interval)."""
+        self._opened()
         self.sampler.start(first_tick_s)
         until = self.sampler.until(duration_s)  # once: a thread that takes over keeps the same end
 
@@ -151,6 +178,7 @@ class Pipeline:
 
     def poll_once(self) -> list[GpuSample]:
         """One reading of the GPUs, as `gpumon devices` shows it."""
+        self._opened()
         t = self.clock.now()
         return self._call(lambda: self.sources.gpu.poll(t))
 
@@ -167,6 +195,8 @@ class Pipeline:
         return self.sources.guard.stuck_threads if self.sources.guard is not None else 0
 
     def close(self) -> None:
+        if self._opening is not None:  # an open still under way finishes before the driver closes
+            self._opening.join(timeout=self.supervisor.timeout_s + 1.0 if self.supervisor else None)
         if self._kubelet is not None:
             self._kubelet.stop()
         self.sources.close()
