@@ -35,7 +35,7 @@ if [ ! -e "$stamp" ]; then
   fi
   echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
   pip_install -e "$spec" || fail "installing into $VENV failed"
-  "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, prometheus_client' 2>>"$log" || fail "gpumon does not import in $VENV"
+  "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, h11' 2>>"$log" || fail "gpumon does not import in $VENV"
   # Stamps of other package definitions are stale; those of other extras stay true (run.sh sets
   # up "plot" and then "plot,bench": neither undoes the other).
   for old in "$VENV"/.gpumon-installed-*; do

@@ -40,15 +40,11 @@ def metrics_with_a_job(tmp: Path) -> str:
     return d.render_metrics("")[0].decode()
 
 
-def metrics_of_a_hopper_gpu() -> str:
-    """The exporter's series for a GPU with GPM, clock events and an XID (issue 14), which no
-    simulated GPU has all of (tests/test_hopper.py serves them through the stand-in driver)."""
-    from prometheus_client import generate_latest
-    from prometheus_client.registry import CollectorRegistry
-
+def a_hopper_snapshot() -> object:
+    """A snapshot of a GPU with GPM, clock events and an XID (issue 14), which no simulated GPU
+    has all of (tests/test_hopper.py serves them through the stand-in driver)."""
     from gpumon.collect.pipeline.spec import SourceDescription
     from gpumon.core.model import GpmActivity, GpuSample, Tick, XidCount
-    from gpumon.serve.metrics import GpumonCollector
     from gpumon.serve.snapshot import Snapshot
 
     gpm = GpmActivity(*([0.5] * 8), 1e9, 1e8, 2e9, 2e8)
@@ -56,10 +52,15 @@ def metrics_of_a_hopper_gpu() -> str:
         1.0, 0, "GPU-0", "H100", clock_events=0x4, clock_event_s=(("sw_power_cap", 3.0),),
         xids=(XidCount(79, 1),), last_xid=(79, 1.7e9), gpm=gpm, mig=None,
     )  # fmt: skip
-    snap = Snapshot(1.0, Tick(1.0, (g,), None), (), {}, {}, 1, 0, SourceDescription.nvml())
-    registry = CollectorRegistry()
-    registry.register(GpumonCollector(lambda: snap, lambda s: 0.0))
-    return generate_latest(registry).decode()
+    return Snapshot(1.0, Tick(1.0, (g,), None), (), {}, {}, 1, 0, SourceDescription.nvml())
+
+
+def metrics_of_a_hopper_gpu() -> str:
+    """The exporter's series for a_hopper_snapshot()."""
+    from gpumon.serve.metrics import families
+    from gpumon.serve.textformat import render_text
+
+    return render_text(families(a_hopper_snapshot(), 0.0)).decode()  # type: ignore[arg-type]
 
 
 def test_every_metric_is_in_docs_metrics_md(tmp_path: Path) -> None:

@@ -13,20 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client import utils as _prom_utils
-from prometheus_client.exposition import choose_encoder
-
-from gpumon.serve.metrics import GpumonCollector
+from gpumon.serve.metrics import families
 from gpumon.serve.snapshot import Snapshot
+from gpumon.serve.textformat import float_text, negotiate
 
 AGE_SENTINEL = 123456789.125
 """Rendered in place of the sample age, which is filled in when a scraper asks."""
-
-
-def float_text(value: float) -> str:
-    """A number as the exposition formats write it (prometheus_client's own function)."""
-    return str(_prom_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -49,8 +41,6 @@ class Exposition:
     def __init__(self, snapshot: Callable[[], Snapshot | None], now: Callable[[], float]) -> None:
         self._snapshot = snapshot
         self._now = now
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpumonCollector(snapshot, lambda snap: AGE_SENTINEL))
         self._lock = threading.Lock()
         self._rendered: dict[str, _Rendered] = {}
 
@@ -58,12 +48,13 @@ class Exposition:
         """(body, content type, content encoding) for this scrape: the snapshot's exposition,
         rendered on the first scrape that asks for it; the sample age filled in now (so it stays
         true when the sampler stops)."""
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = negotiate(accept)
         snap = self._snapshot()
         with self._lock:
             r = self._rendered.get(content_type)
             if r is None or r.snap is not snap:
-                r = _split(encoder(self.registry), content_type, snap)
+                # the snapshot taken above, even if a newer one is published meanwhile
+                r = _split(encoder(families(snap, AGE_SENTINEL)), content_type, snap)
                 self._rendered[content_type] = r
         age = b"" if snap is None else float_text(round(max(0.0, self._now() - r.t_s), 3)).encode()
         if not gzip_ok:

@@ -1,4 +1,4 @@
-"""Prometheus metrics from a snapshot: a custom collector building fresh families per collect().
+"""Prometheus metrics from a snapshot: fresh families per rendering (gpumon.serve.textformat).
 
 Never global gauges: a GPU that vanishes simply has no series in the next snapshot. The values
 are sampled in the background (the detector needs sub-second history), so `gpumon_last_sample_age_seconds`
@@ -7,16 +7,14 @@ says how old they are. docs/metrics.md lists every series; keep the two in step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from collections.abc import Iterator
 
 from gpumon import __version__
 from gpumon.core.model import GpuSample, JobRef, clock_reasons
 from gpumon.detect.remedies import Advice, Kind
 from gpumon.detect.vocabulary import STARVATION_CAUSES, State
 from gpumon.serve.snapshot import Snapshot
+from gpumon.serve.textformat import Family, counter, gauge
 
 GPU_LABELS = ["gpu", "uuid", "mig"]
 """`mig`: the GPU instance id on a MIG instance (`gpu` is then its parent's index, `uuid` its
@@ -40,34 +38,28 @@ def job_label_values(j: JobRef) -> list[str]:
     return [j.scheduler, j.job_id, j.user or "", j.namespace or "", j.pod or "", j.container or "", j.via]
 
 
-class GpumonCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Snapshot | None], age_s: Callable[[Snapshot], float]) -> None:
-        """`age_s(snapshot)`: what gpumon_last_sample_age_seconds says (the daemon renders a
-        placeholder there and fills in the real age when a scraper asks)."""
-        self._snapshot = snapshot
-        self._age_s = age_s
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _build_info()
-        s = self._snapshot()
-        if s is None:
-            return
-        yield from _gpu_metrics(s)
-        yield from _host_metrics(s)
-        yield from _self_metrics(s, self._age_s(s))
+def families(s: Snapshot | None, age_s: float | None) -> Iterator[Family]:
+    """Every family of one snapshot (only the build's before the first); `age_s`: what
+    gpumon_last_sample_age_seconds says."""
+    yield from _build_info()
+    if s is None:
+        return
+    yield from _gpu_metrics(s)
+    yield from _host_metrics(s)
+    yield from _self_metrics(s, age_s or 0.0)
 
 
-def _build_info() -> Iterator[Metric]:
-    m = GaugeMetricFamily("gpumon_build_info", "gpumon's version, as a label; always 1.", labels=["version"])
+def _build_info() -> Iterator[Family]:
+    m = gauge("gpumon_build_info", "gpumon's version, as a label; always 1.", labels=["version"])
     m.add_metric([__version__], 1)
     yield m
 
 
-def _gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=GPU_LABELS + (extra or []))
+def _gauge(name: str, doc: str, extra: list[str] | None = None) -> Family:
+    return gauge(name, doc, labels=GPU_LABELS + (extra or []))
 
 
-def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
+def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
     bg = " Sampled in the background every tick; see gpumon_last_sample_age_seconds."
     info = _gauge("gpumon_gpu_info", "GPU identity; always 1.", ["name"])
     up = _gauge("gpumon_gpu_up", "1 when the GPU answered NVML this tick, 0 when lost or hung.")
@@ -114,21 +106,21 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
     )
     conf = _gauge("gpumon_gpu_state_confidence_ratio", "The detector's confidence in the current state.")
     since = _gauge("gpumon_gpu_state_duration_seconds", "How long the GPU has been in its current state.")
-    in_state = CounterMetricFamily(
+    in_state = counter(
         "gpumon_gpu_state_seconds",
         "Seconds spent in each state since gpumon started.",
         labels=[*GPU_LABELS, "state"],
     )
-    starved = CounterMetricFamily(
+    starved = counter(
         "gpumon_gpu_starved_seconds", "Seconds spent starved, by cause.", labels=[*GPU_LABELS, "cause"]
     )
-    wasted = CounterMetricFamily(
+    wasted = counter(
         "gpumon_gpu_wasted_seconds",
         "GPU-seconds wasted: the idle share of starved and underutilized time, all of "
         "stalled and sync-stall time.",
         labels=GPU_LABELS,
     )
-    episodes = CounterMetricFamily(
+    episodes = counter(
         "gpumon_gpu_episodes", "Episodes started, by state and cause label.", labels=[*GPU_LABELS, "label"]
     )
     unattributed = _gauge(
@@ -137,7 +129,7 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         "kubelet-unavailable, unknown-process; docs/kubernetes.md); always 1.",
         ["reason"],
     )
-    jobs = GaugeMetricFamily(
+    jobs = gauge(
         "gpumon_gpu_job_info",
         "The job (Slurm) or pod (Kubernetes) holding the GPU; always 1. One series per GPU and job: "
         "join it to other series on (instance, gpu, uuid) rather than carry job labels on every series.",
@@ -158,12 +150,12 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         "1 for each clock-event reason holding the GPU's clocks now (nvmlClocksEventReasons).",
         ["reason"],
     )
-    clock_s = CounterMetricFamily(
+    clock_s = counter(
         "gpumon_gpu_clock_event_seconds",
         "Seconds the GPU's clocks spent held by each reason since gpumon started.",
         labels=[*GPU_LABELS, "reason"],
     )
-    xid = CounterMetricFamily(
+    xid = counter(
         "gpumon_gpu_xid_errors",
         "XID errors (NVML critical-error events) since gpumon started, by code (docs/metrics.md).",
         labels=[*GPU_LABELS, "xid"],
@@ -278,9 +270,7 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Metric]:
         yield unattributed
 
 
-def _advice_metrics(
-    a: Advice | None, lv: list[str], ceiling: GaugeMetricFamily, predicted: GaugeMetricFamily
-) -> None:
+def _advice_metrics(a: Advice | None, lv: list[str], ceiling: Family, predicted: Family) -> None:
     """What a fix buys: series only for a starved GPU (a fed one has nothing to gain on the input
     side), at most 3 per GPU."""
     if a is None or a.ceiling is None:
@@ -299,10 +289,10 @@ def _advice_metrics(
 def _hopper_metrics(
     g: GpuSample,
     lv: list[str],
-    ratios: list[tuple[str, GaugeMetricFamily]],
-    fp: GaugeMetricFamily,
-    pcie: GaugeMetricFamily,
-    nvlink: GaugeMetricFamily,
+    ratios: list[tuple[str, Family]],
+    fp: Family,
+    pcie: Family,
+    nvlink: Family,
 ) -> None:
     """GPM series: only where the GPU has GPM (Hopper and newer), else left out."""
     a = g.gpm
@@ -324,7 +314,7 @@ def _hopper_metrics(
                 fam.add_metric([*lv, direction], round(value, 1))
 
 
-def _host_metrics(s: Snapshot) -> Iterator[Metric]:
+def _host_metrics(s: Snapshot) -> Iterator[Family]:
     h = s.tick.host
     if h is None:
         return
@@ -341,18 +331,16 @@ def _host_metrics(s: Snapshot) -> Iterator[Metric]:
         ("gpumon_host_cpus", "Logical CPUs.", h.cpu_count),
     ):
         if value is not None:
-            yield GaugeMetricFamily(name, doc, value=value)
+            yield gauge(name, doc, value=value)
 
 
-def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
-    ok = GaugeMetricFamily(
-        "gpumon_source_up", "1 when the source's last reading succeeded.", labels=["source"]
-    )
-    dur = GaugeMetricFamily(
+def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Family]:
+    ok = gauge("gpumon_source_up", "1 when the source's last reading succeeded.", labels=["source"])
+    dur = gauge(
         "gpumon_source_duration_seconds", "How long the source's last reading took.", labels=["source"]
     )
-    fails = CounterMetricFamily("gpumon_source_failures", "Failed readings since start.", labels=["source"])
-    problems = CounterMetricFamily(
+    fails = counter("gpumon_source_failures", "Failed readings since start.", labels=["source"])
+    problems = counter(
         "gpumon_source_problems",
         "Problems a source ran into since start (a lost or hung GPU, a field that failed, the source "
         "itself failing), each occurrence counted; the state API lists those going on now.",
@@ -366,7 +354,7 @@ def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
         problems.add_metric([name], s.problem_totals.get(name, 0))
     yield from (ok, dur, fails, problems)
     if s.tick.attribution:
-        attr = GaugeMetricFamily(
+        attr = gauge(
             "gpumon_attribution_up",
             "1 when the attribution source (slurm, dcgm-mapping, kubernetes) answered this tick; "
             "the state API says why not.",
@@ -375,19 +363,19 @@ def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
         for a in s.tick.attribution:
             attr.add_metric([a.source], 1 if a.up else 0)
         yield attr
-    yield GaugeMetricFamily(
+    yield gauge(
         "gpumon_last_sample_age_seconds",
         "Seconds since the newest sample: the values are sampled in the background.",
         value=age_s,
     )
-    yield GaugeMetricFamily("gpumon_gpus", "GPUs seen in the last tick.", value=len(s.tick.gpus))
-    yield CounterMetricFamily("gpumon_sampler_ticks", "Sampler ticks since start.", value=s.ticks)
-    yield CounterMetricFamily(
+    yield gauge("gpumon_gpus", "GPUs seen in the last tick.", value=len(s.tick.gpus))
+    yield counter("gpumon_sampler_ticks", "Sampler ticks since start.", value=s.ticks)
+    yield counter(
         "gpumon_sampler_skipped_ticks",
         "Ticks skipped because the sampler fell behind.",
         value=s.skipped_ticks,
     )
-    yield GaugeMetricFamily(
+    yield gauge(
         "gpumon_simulated",
         "1 when the GPUs are simulated (--simulate) or replayed.",
         value=1 if s.source_description.simulated_gpus else 0,
@@ -395,39 +383,39 @@ def _self_metrics(s: Snapshot, age_s: float) -> Iterator[Metric]:
     yield from _recorder_metrics(s)
 
 
-def _recorder_metrics(s: Snapshot) -> Iterator[Metric]:
+def _recorder_metrics(s: Snapshot) -> Iterator[Family]:
     r = s.recorder
     if r is None:
         return
-    yield GaugeMetricFamily(
+    yield gauge(
         "gpumon_recorder_up",
         "1 while the flight recorder writes every tick; 0 while paused (disk full, unwritable); "
         "the state API says why.",
         value=1 if r.up else 0,
     )
-    yield CounterMetricFamily(
+    yield counter(
         "gpumon_recorder_written_bytes",
         "Compressed bytes the recorder wrote since start.",
         value=r.bytes_written,
     )
-    yield CounterMetricFamily(
+    yield counter(
         "gpumon_recorder_errors",
         "Writes, opens and deletes of segments that failed since start.",
         value=r.errors,
     )
-    yield CounterMetricFamily(
+    yield counter(
         "gpumon_recorder_dropped_ticks",
         "Ticks not recorded since start (paused, or the disk too slow for the queue).",
         value=r.dropped_ticks,
     )
-    yield GaugeMetricFamily("gpumon_recorder_segments", "Segment files kept.", value=r.segments)
-    yield GaugeMetricFamily(
+    yield gauge("gpumon_recorder_segments", "Segment files kept.", value=r.segments)
+    yield gauge(
         "gpumon_recorder_disk_bytes",
         "Bytes the kept segments take (retention holds it under the limit).",
         value=r.disk_bytes,
     )
     reach = 0.0 if r.oldest_unix_s is None or r.newest_unix_s is None else r.newest_unix_s - r.oldest_unix_s
-    yield GaugeMetricFamily(
+    yield gauge(
         "gpumon_recorder_oldest_sample_age_seconds",
         "How far back the recording reaches: the newest sample's time less the oldest segment's start "
         "(0 before the first is written).",
