@@ -7,6 +7,8 @@ import logging
 import threading
 import time
 
+import pytest
+
 from gpumon.collect.pipeline.supervisor import Supervisor
 from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.guard import CallGuard
@@ -112,3 +114,90 @@ def test_a_gpu_hung_for_hours_costs_no_memory_per_tick() -> None:
     tracemalloc.stop()
     fake.release.set()
     assert grown < 20_000, f"{grown} bytes for 5,000 ticks: the hang must not grow memory"
+
+
+# -- the daemon's driver opens on its own thread (gpumon serve imports the rest meanwhile) ---------
+
+
+class SlowInitPynvml(FakePynvml):
+    """nvmlInit waits until released, as a driver without persistence mode can for a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.inits = 0
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+        self.release.wait(30)
+        super().nvmlInit()
+
+
+def _pipeline_on(fake: FakePynvml, retry: bool, timeout_s: float = 5.0):  # type: ignore[no-untyped-def]
+    from gpumon.collect.pipeline import Pipeline
+    from gpumon.collect.pipeline.sources import OpenedSources
+    from gpumon.collect.pipeline.spec import SourceDescription, SourceSpec
+    from gpumon.core.clock import VirtualClock
+
+    guard = CallGuard()
+    problems = Problems(logging.getLogger("test.guard"))
+    src = NvmlSource(fake, problems, guard=guard, retry_init=retry)
+    opened = OpenedSources(src, None, SourceDescription.nvml(), close=src.close, guard=guard, start=src.open)
+    pipeline = Pipeline(
+        SourceSpec(kind="nvml"),
+        VirtualClock(),
+        sources=opened,
+        problems=problems,
+        attribution=None,
+        nvml_call_timeout_s=timeout_s,
+        open_in_background=True,
+    )
+    return pipeline, src
+
+
+def test_a_slow_driver_opens_while_the_daemon_goes_on_and_the_first_poll_waits_for_it() -> None:
+    fake = SlowInitPynvml()
+    pipeline, src = _pipeline_on(fake, retry=True)
+    try:
+        assert not src.is_open, "built without waiting for nvmlInit"
+        polled: list[object] = []
+        poller = threading.Thread(target=lambda: polled.append(pipeline.poll_once()))
+        poller.start()
+        poller.join(0.2)
+        assert poller.is_alive() and not polled, "the first poll waits for the open"
+        fake.release.set()
+        poller.join(10)
+        gpus = polled[0]
+        assert src.is_open and fake.inits == 1
+        assert [g.available for g in gpus] == [True, True]  # type: ignore[attr-defined]
+    finally:
+        fake.release.set()
+        pipeline.close()
+
+
+def test_a_driver_that_hangs_in_nvmlinit_leaves_the_daemon_sampling_with_no_driver() -> None:
+    """Supervised as before: the open's thread is abandoned after the call timeout, and the daemon
+    polls on, saying the driver does not answer."""
+    fake = SlowInitPynvml()
+    pipeline, src = _pipeline_on(fake, retry=True, timeout_s=0.1)
+    try:
+        from gpumon.core.errors import NoDriverError
+
+        with pytest.raises(NoDriverError, match=r"nvmlInit.* has not returned"):
+            pipeline.poll_once()
+        assert not src.is_open
+    finally:
+        fake.release.set()
+        pipeline.close()
+
+
+def test_a_failed_open_is_raised_where_the_pipeline_is_first_used() -> None:
+    fake = FakePynvml()
+    fake.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED, with no retry
+    pipeline, _ = _pipeline_on(fake, retry=False)
+    from gpumon.core.errors import GpumonError
+
+    with pytest.raises(GpumonError):
+        pipeline.poll_once()
+    with pytest.raises(GpumonError):
+        pipeline.run(duration_s=1)
