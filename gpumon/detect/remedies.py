@@ -22,7 +22,6 @@ The speed-up of a change is the largest `s` (at most the ceiling) whose demands 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -130,6 +129,8 @@ def median_inputs(inputs: Sequence[RemedyInputs]) -> RemedyInputs:
     """Each input's median over windows (a number known in at least half of them, else None); the
     flags hold when they hold in most windows. Medians, not means: one window with a worker found
     late or a neighbour's burst does not move them."""
+    import statistics  # (and fractions, decimal): only once an episode has windows to take
+
     out: dict[str, Any] = {}
     for name in _FIELDS:
         values = [getattr(i, name) for i in inputs]

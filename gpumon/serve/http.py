@@ -45,7 +45,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -709,12 +708,20 @@ class WebServer:
             headers.append(("Vary", "Accept-Encoding"))
         if close:
             headers.append(("Connection", "close"))
-        reason = HTTPStatus(r.status).phrase.encode() if r.status in HTTPStatus._value2member_map_ else b""
-        out = h.send(h11.Response(status_code=r.status, headers=headers, reason=reason)) or b""
+        out = h.send(h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))) or b""
         if request.method != b"HEAD":
             out += h.send(h11.Data(data=body)) or b""
         out += h.send(h11.EndOfMessage()) or b""
         return out
+
+
+def _reason(status: int) -> bytes:
+    """The status line's reason phrase ("OK"; b"" for a code without one)."""
+    if status == 200:
+        return b"OK"
+    from http import HTTPStatus  # its table (an enum of 60 codes) only when something fails
+
+    return HTTPStatus(status).phrase.encode() if status in HTTPStatus._value2member_map_ else b""
 
 
 def _header(request: h11.Request, name: bytes) -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
-
 from gpumon import __version__
 
 
 def landing_page(sampling: str) -> str:
     """`sampling`: the phrase for the source (SourceDescription.phrase())."""
+    import html  # when someone opens the page, not at every start
+
     return (
         f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
         f"<p>Catches GPUs starved by their input pipeline. Sampling {html.escape(sampling)}.</p><ul>"

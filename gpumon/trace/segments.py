@@ -31,7 +31,10 @@ def segment_start(name: str) -> float | None:
     if m is None:
         return None
     try:
-        return datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+        s = m.group(1)  # YYYYmmddTHHMMSS: read by hand, as strptime's import and regexes cost 3 ms
+        return datetime(
+            int(s[0:4]), int(s[4:6]), int(s[6:8]), int(s[9:11]), int(s[11:13]), int(s[13:15]), tzinfo=UTC
+        ).timestamp()
     except ValueError:  # month 13, second 99: named like a segment, but not one of gpumon's
         return None
 
