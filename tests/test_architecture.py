@@ -59,6 +59,10 @@ HEAVY = {
     "gpumon.serve.recent_range": "the range API's analysis: loaded by the first range asked",
     "gpumon.serve.pcp": "PCP's dialect: loaded by the first PCP request",
     "gpumon.collect.sources.kubelet": "the kubelet's client: only where pods are attributed",
+    # the standard library's, kept out of the daemon's first answer (docs/benchmarks.md, issue 29)
+    "statistics": "medians of an episode's windows: fractions and decimal, ~4 ms, not at start",
+    "http": "HTTPStatus's table of reasons: only for a response that is not 200",
+    "html": "escaping for the landing page: only when someone opens it",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed
 (each such import says why in a comment). gpumon/cli/ is the other exception: a command's modules

@@ -116,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     logging.getLogger().setLevel(cfg.log_level.upper())
+    from gpumon.core import memory
+
+    memory.limit_arenas()  # before the daemon's threads start (gpumon.core.memory)
     from gpumon.config.sources import source_spec
     from gpumon.serve.sampling import daemon_pipeline
 

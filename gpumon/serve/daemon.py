@@ -25,6 +25,7 @@ from typing import Any
 from gpumon.collect.pipeline import Pipeline
 from gpumon.collect.pipeline.sources import OpenedSources
 from gpumon.config.settings import SETTINGS, Config
+from gpumon.core import memory
 from gpumon.core.clock import Clock, MonotonicClock
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
@@ -50,6 +51,8 @@ log = logging.getLogger("gpumon")
 FIRST_TICK_S = 0.0
 """The first sample comes as soon as the sources are open (later ones on the interval's grid); it
 carries the GPUs, the host's rates come from the second tick on (Sampler.start)."""
+TRIM_EVERY_S = 600.0
+"""How often (real time) the sampling thread hands malloc's free pages back (gpumon.core.memory)."""
 RECENT_EPISODES = 20
 """Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 
@@ -106,6 +109,8 @@ class Daemon:
         """The sampling loop died: the process must end with a failure (systemd restarts it)."""
         self._closed_episodes: dict[tuple[int, str], tuple[int, tuple[Episode, ...]]] = {}
         self._hostname = socket.gethostname()
+        self._trim_clock = time.monotonic
+        self._next_trim = self._trim_clock() + TRIM_EVERY_S
 
     def _recorder(self, cfg: Config) -> Recorder | None:
         """The flight recorder (gpumon.trace.recorder): on for real GPUs unless `record = "off"`;
@@ -166,6 +171,10 @@ class Daemon:
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
+        now = self._trim_clock()
+        if now >= self._next_trim:
+            self._next_trim = now + TRIM_EVERY_S
+            memory.trim()
 
     def _advice(self, t_s: float) -> dict[tuple[int, str], Advice]:
         """What a fix buys on each GPU that has something to say (starved, or fed)."""
