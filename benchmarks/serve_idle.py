@@ -1,7 +1,7 @@
 """What `gpumon serve` costs when nobody scrapes it, beside a peer exporter in the same run.
 
     .venv/bin/python -m benchmarks.serve_idle [--peer nvitop-exporter] [--seconds 60] [--rounds 3]
-                                              [--gpus 8] [--starts 9]
+                                              [--gpus 8] [--starts 9] [--driver-init-ms 0]
 
 Real processes on the stand-in libnvidia-ml.so.1 (tests/fakenvml, 8 GPUs, driver samples every
 1/6 s on the real clock), so the real pynvml path runs as on a GPU machine, with the real host
@@ -19,6 +19,10 @@ Both start as installed: by their console scripts, from compiled bytecode. pip c
 modules when it installs them; an editable install under PYTHONDONTWRITEBYTECODE (set on some CI
 and development machines) never writes gpumon's, and would compile its sources at every start
 (~30 ms here), so gpumon's are compiled first, as pip would have.
+
+--driver-init-ms makes the stand-in's nvmlInit take that long, as a driver without persistence
+mode does while it sets its GPUs up (on the order of a second on a multi-GPU host; with
+nvidia-persistenced, milliseconds): gpumon opens the driver while it imports the rest of itself.
 
 Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <= 1.0.
 Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
@@ -163,6 +167,9 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--starts", type=int, default=9, help="spawns per exporter for the first sample")
+    ap.add_argument(
+        "--driver-init-ms", type=float, default=0.0, help="the stand-in's nvmlInit takes this long"
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.fakenvml import driver
@@ -177,7 +184,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         config = driver.simulated_config(
-            tmp, "healthy,starved-cpu,starved-io,underutilized", gpus=args.gpus, seconds=300
+            tmp,
+            "healthy,starved-cpu,starved-io,underutilized",
+            gpus=args.gpus,
+            seconds=300,
+            faults=(f"init_delay_us {round(args.driver_init_ms * 1000)}",) if args.driver_init_ms else (),
         )
         env = driver.environment(config, PYTHONPATH=str(ROOT))
         env.pop("FAKENVML_NOW_US", None)  # the driver's timeline on the real clock
@@ -207,8 +218,10 @@ def main() -> None:
             for e in who if k % 2 == 0 else who[::-1]:
                 first[e.name].append(time_to_first(e, env, tmp))
     med = statistics.median
+    init = f", nvmlInit {args.driver_init_ms:g} ms" if args.driver_init_ms else ""
     print(
-        f"{args.gpus} stand-in GPUs, 1 s cadence, no scraper; medians of {args.rounds} x {args.seconds:g} s:"
+        f"{args.gpus} stand-in GPUs{init}, 1 s cadence, no scraper; medians of {args.rounds} x "
+        f"{args.seconds:g} s:"
     )
     for e in who:
         n = e.name

@@ -292,3 +292,42 @@ def test_gpumon_creates_no_cuda_context(library: Path, tmp_path: Path) -> None:
     assert "libnvidia-ml.so.1" in libs
     assert not {lib for lib in libs if lib.startswith(("libcuda", "libcudart", "libnvrtc", "libtorch"))}
     assert str(proc.pid) not in out.split()
+
+
+def test_serve_answers_while_a_slow_driver_opens_and_serves_its_gpus_once_it_has(
+    library: Path, tmp_path: Path
+) -> None:
+    """A driver without persistence mode can take seconds in nvmlInit: the daemon opens it on a
+    thread of its own, so its port answers meanwhile (not ready yet: 503), then the GPUs come."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    config = driver.simulated_config(tmp_path, "healthy,healthy", faults=("init_delay_us 3000000",))
+    env = driver.environment(config, PYTHONPATH=str(ROOT))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--record", "off"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "gpus" not in seen:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+                health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                health.close()
+                seen.append("gpus" if "gpumon_gpu_utilization_ratio{" in body else "healthy, no gpus")
+            except urllib.error.HTTPError as e:
+                seen.append(f"{e.code}")
+            except OSError:
+                seen.append("closed")
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=30)[1]
+    assert seen and seen[-1] == "gpus", (seen[-5:], err[-2000:])
+    answered = [s for s in seen if s != "closed"]
+    assert answered[0] == "503", f"the port answered only once the driver had opened: {answered[:5]}"

@@ -175,9 +175,15 @@ def test_a_slow_driver_opens_while_the_daemon_goes_on_and_the_first_poll_waits_f
         pipeline.close()
 
 
-def test_a_driver_that_hangs_in_nvmlinit_leaves_the_daemon_sampling_with_no_driver() -> None:
-    """Supervised as before: the open's thread is abandoned after the call timeout, and the daemon
-    polls on, saying the driver does not answer."""
+def test_a_driver_that_hangs_in_nvmlinit_leaves_the_daemon_sampling_with_no_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Supervised as before: the open's thread is abandoned once nvmlInit has taken longer than
+    its allowance (a minute; here 0.3 s), and the daemon polls on, saying the driver does not
+    answer."""
+    from gpumon.collect.sources.nvml import source as source_mod
+
+    monkeypatch.setattr(source_mod, "INIT_ALLOW_S", 0.3)
     fake = SlowInitPynvml()
     pipeline, src = _pipeline_on(fake, retry=True, timeout_s=0.1)
     try:
@@ -201,3 +207,21 @@ def test_a_failed_open_is_raised_where_the_pipeline_is_first_used() -> None:
         pipeline.poll_once()
     with pytest.raises(GpumonError):
         pipeline.run(duration_s=1)
+
+
+def test_an_nvmlinit_slower_than_the_call_timeout_is_waited_for_not_given_up() -> None:
+    """Without persistence mode nvmlInit takes seconds: longer than any other call may (here 0.1 s)
+    but within its own allowance; it is no hang, and no problem is reported."""
+    fake = SlowInitPynvml()
+    pipeline, _ = _pipeline_on(fake, retry=True, timeout_s=0.1)
+    timer = threading.Timer(0.6, fake.release.set)
+    timer.start()
+    try:
+        gpus = pipeline.poll_once()
+        assert [g.available for g in gpus] == [True, True]
+        assert fake.inits == 1 and pipeline.supervisor is not None and pipeline.supervisor.replaced == 0
+        assert not pipeline.problems.active()
+    finally:
+        timer.cancel()
+        fake.release.set()
+        pipeline.close()

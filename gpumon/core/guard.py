@@ -39,11 +39,13 @@ class CallGuard:
         self.on_return = on_return
         """Told `what` when an abandoned call finally returns."""
         self._clock = clock
-        self._inflight: dict[int, tuple[Hashable, float]] = {}
+        self._inflight: dict[int, tuple[Hashable, float, float | None]] = {}
         self._abandoned: dict[int, Hashable] = {}
 
-    def enter(self, what: Hashable) -> None:
-        self._inflight[_get_ident()] = (what, self._clock())
+    def enter(self, what: Hashable, allow_s: float | None = None) -> None:
+        """A call on `what` begins; `allow_s`: how long this one may take before it counts as hung
+        (default: the supervisor's timeout), for a call known to be slow (nvmlInit)."""
+        self._inflight[_get_ident()] = (what, self._clock(), allow_s)
 
     def leave(self) -> None:
         """End of the call; raises Abandoned in a thread that was replaced meanwhile."""
@@ -57,17 +59,23 @@ class CallGuard:
     def overdue(
         self, now: float, timeout_s: float, threads: set[int] | None = None
     ) -> list[tuple[int, float]]:
-        """(thread, since) of the calls older than `timeout_s` (of `threads` only, if given)."""
+        """(thread, since) of the calls older than their allowance, else `timeout_s` (of `threads`
+        only, if given)."""
         return [
             (ident, since)
-            for ident, (_what, since) in list(self._inflight.items())
-            if now - since >= timeout_s and (threads is None or ident in threads)
+            for ident, (_what, since, allow) in list(self._inflight.items())
+            if now - since >= (timeout_s if allow is None else allow)
+            and (threads is None or ident in threads)
         ]
 
-    def oldest(self, threads: set[int] | None = None) -> float | None:
-        """When the oldest call in progress began (None: no call in progress)."""
-        starts = [s for i, (_w, s) in list(self._inflight.items()) if threads is None or i in threads]
-        return min(starts, default=None)
+    def next_due(self, timeout_s: float, threads: set[int] | None = None) -> float | None:
+        """When the first call in progress becomes overdue (None: no call in progress)."""
+        dues = [
+            since + (timeout_s if allow is None else allow)
+            for i, (_w, since, allow) in list(self._inflight.items())
+            if threads is None or i in threads
+        ]
+        return min(dues, default=None)
 
     def abandon(self, ident: int) -> bool:
         """Give up on the thread `ident`. False when its call returned in the meantime.
@@ -78,7 +86,7 @@ class CallGuard:
         entry = self._inflight.get(ident)
         if entry is None:
             return False
-        what, since = entry
+        what, since, _allow = entry
         self._abandoned[ident] = what
         if self.on_hang is not None:
             self.on_hang(what, since)

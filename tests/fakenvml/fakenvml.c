@@ -21,6 +21,9 @@
  *   t I T_US MEMUSED POWER_MW TEMP RX_KB TX_KB N [PID MEM]*N   device state from T on
  *   fault no_driver                              nvmlInit fails with DRIVER_NOT_LOADED
  *   fault init_error CODE                        nvmlInit fails with CODE (4: NO_PERMISSION)
+ *   fault init_delay_us D                        the process's first nvmlInit takes D µs (a driver
+ *                                                without persistence mode sets its GPUs up then;
+ *                                                later ones find NVML up and return at once)
  *   fault lost I FROM_US UNTIL_US                GPU I reports GPU_IS_LOST in [FROM, UNTIL)
  *   fault unsupported FUNCTION                   FUNCTION answers NOT_SUPPORTED
  *   fault block FUNCTION I SECONDS FROM_US       FUNCTION on GPU I (-1: any) sleeps SECONDS once t >= FROM
@@ -99,7 +102,7 @@ typedef struct {
 static gpu_t gpus[MAX_GPUS];
 static struct nvmlDevice_st handles[MAX_GPUS];
 static int ngpus, loaded, initialised, fault_no_driver, fault_init_error, loop_timeline;
-static unsigned long long epoch_us, util_period_us = 166667, timeline_len;
+static unsigned long long epoch_us, util_period_us = 166667, timeline_len, init_delay_us;
 static char driver_version[32] = "560.35.03";
 static int cuda_version = 12060;
 static char unsupported[64][64];
@@ -147,6 +150,7 @@ static void load_config(void) {
         if (sscanf(line, "epoch_us %llu", &a) == 1) epoch_us = a;
         else if (sscanf(line, "loop %d", &i) == 1) loop_timeline = i;
         else if (sscanf(line, "util_period_us %llu", &a) == 1) util_period_us = a ? a : 1;
+        else if (sscanf(line, "fault init_delay_us %llu", &a) == 1) init_delay_us = a;
         else if (sscanf(line, "driver %31s", driver_version) == 1) {}
         else if (sscanf(line, "cuda %d", &cuda_version) == 1) {}
         else if (strncmp(line, "gpu ", 4) == 0) {
@@ -278,7 +282,13 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     if (!loaded || ngpus == 0) { load_config(); loaded = 1; } /* a driver that appears later is found */
     if (fault_no_driver || !getenv("FAKENVML_CONFIG") || ngpus == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
     if (fault_init_error) return fault_init_error;
+    static int ever_initialised;
+    if (init_delay_us && !ever_initialised) {
+        struct timespec ts = { (time_t)(init_delay_us / 1000000ULL), (long)(init_delay_us % 1000000ULL) * 1000L };
+        while (nanosleep(&ts, &ts) != 0) {}
+    }
     if (!epoch_us) epoch_us = realtime_us();
+    ever_initialised = 1;
     initialised++;
     return NVML_SUCCESS;
 }

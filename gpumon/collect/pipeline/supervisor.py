@@ -78,9 +78,10 @@ class Supervisor:
         assert ident is not None
         mine = {ident}
         while True:
-            oldest = self.guard.oldest(mine)
+            due = self.guard.next_due(self.timeout_s, mine)
             now = self._clock()
-            wait = self.timeout_s if oldest is None else max(0.0, oldest + self.timeout_s - now)
+            # (at least once per timeout: a stop is seen while a slow call runs its allowance)
+            wait = self.timeout_s if due is None else min(self.timeout_s, max(0.0, due - now))
             if done.wait(wait):  # a stop ends the worker's loop, which sets `done`
                 return True
             if stop is not None and stop.is_set():

@@ -34,9 +34,9 @@ class NvmlReader:
 
     # -- calls that may hang ------------------------------------------------------------------
 
-    def _enter(self, what: Hashable) -> None:
+    def _enter(self, what: Hashable, allow_s: float | None = None) -> None:
         if self._guard is not None:
-            self._guard.enter(what)
+            self._guard.enter(what, allow_s)
 
     def _leave(self) -> None:
         if self._guard is not None:

@@ -46,6 +46,10 @@ PCIE_TX, PCIE_RX = 0, 1
 PLAIN_FIELDS = frozenset({"utilization", "power", "power_limit", "temperature", "pcie_rx", "pcie_tx"})
 """Fields read with one call each and no rule of their own: one try covers them all."""
 DRIVER = "driver"
+INIT_ALLOW_S = 60.0
+"""How long nvmlInit may take before its thread is given up: without persistence mode the driver
+sets its GPUs up at the first open, which takes seconds on a multi-GPU host (NVIDIA's Driver
+Persistence guide); the other calls are held to nvml_call_timeout_s."""
 """What a driver-wide call (init, count) is guarded as."""
 
 
@@ -102,7 +106,7 @@ class NvmlSource(MigReading, ClockReading):
             self._no_driver("an earlier driver-wide NVML call (nvmlInit) has not returned")
             return
         try:
-            self._enter(DRIVER)
+            self._enter(DRIVER, INIT_ALLOW_S)  # slow, not hung, where the driver sets its GPUs up
             try:
                 self._nvml.nvmlInit()
             finally:
