@@ -50,6 +50,7 @@ HEAVY = {
     "PIL": "the bench extra, inside the training job only",
     "gpumon.bench": "imports Keras: only the command that runs it",
     "gpumon.integrations.keras": "imports Keras: only inside a Keras job",
+    "gpumon.integrations.lightning": "imports Lightning: only inside a Lightning job",
     # what a daemon on real GPUs never runs: its first sample comes sooner without their imports
     "gpumon.sim": "the simulator: simulated and driven GPUs only",
     "gpumon.trace.reader": "a replayed trace only",
@@ -308,3 +309,71 @@ def test_the_pipeline_is_built_in_one_place() -> None:
                 raise AssertionError(
                     f"{rel}:{node.lineno} builds a {node.func.id} itself: use gpumon.collect.pipeline"
                 )
+
+
+# what each distribution in setup.cfg is imported as, where the two names differ
+IMPORT_NAMES = {
+    "nvidia-ml-py": "pynvml",
+    "PyYAML": "yaml",
+    "Pillow": "PIL",
+    "grpcio": "grpc",
+    "protobuf": "google",
+}
+
+
+THE_JOBS_OWN = {
+    "torch": "Keras's backend: the user's own build (a GPU machine keeps its CUDA one; docs/install.md)",
+    "numpy": "Keras brings it (the bench extra)",
+    "lightning": "the user's framework: the callback runs inside their Trainer",
+    "pytorch_lightning": "the user's framework: the callback runs inside their Trainer",
+}
+"""Imported only inside a training job, from what that job already has installed."""
+
+
+def declared_imports() -> tuple[set[str], set[str]]:
+    """(the base dependencies' import names, the optional extras' but dev's) from setup.cfg."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+
+    def names(text: str) -> set[str]:
+        out = set()
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                dist = re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0]
+                out.add(IMPORT_NAMES.get(dist, dist.replace("-", "_").lower()))
+        return out
+
+    base = names(cfg["options"]["install_requires"])
+    extras = set().union(*(names(v) for k, v in cfg["options.extras_require"].items() if k != "dev"))
+    return base, extras | set(THE_JOBS_OWN)
+
+
+def test_every_third_party_import_is_a_declared_dependency_and_the_top_level_ones_are_base() -> None:
+    """A module the package imports must be one its installation brings: at the top of a module
+    (loaded by every command that loads it), a base dependency; inside a function, an extra's at
+    least. prometheus_client, for one, is the tests' oracle only (dev): the daemon must not need it."""
+    base, extras = declared_imports()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    problems = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        top = {n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [node.module.split(".")[0]]
+            else:
+                continue
+            for mod in found:
+                if mod in stdlib or mod == "gpumon":
+                    continue
+                if mod not in base | extras:
+                    problems.append(f"{name}: imports {mod}, which setup.cfg does not install")
+                elif node in top and mod not in base and not any(name.startswith(k) for k in HEAVY):
+                    problems.append(f"{name}: imports {mod} (an extra's) at the top")
+    assert not problems, "\n".join(problems)
