@@ -43,13 +43,13 @@ def config_from_trace(
                 seen[g.index] = g.uuid
                 limit_mw = int((g.power_limit_w or 0) * 1000)
                 lines.append(f"gpu {g.index} {g.mem_total_bytes or 0} {limit_mw} {g.uuid} {g.name}")
-            for p in g.util_history:
-                t_us = max(0, round((p.t_s - t0) * 1e6))
-                body.append(f"s {g.index} {t_us} {round(p.util_ratio * 100)}")
+            for point in g.util_history:
+                t_us = max(0, round((point.t_s - t0) * 1e6))
+                body.append(f"s {g.index} {t_us} {round(point.util_ratio * 100)}")
             procs = []
-            for p in g.processes:
-                pid = (pid_map or {}).get(p.pid, p.pid)
-                procs.append(f"{pid} {p.gpu_mem_bytes or 0}")
+            for proc in g.processes:
+                pid = (pid_map or {}).get(proc.pid, proc.pid)
+                procs.append(f"{pid} {proc.gpu_mem_bytes or 0}")
             t_us = max(0, round((tick.t_s - t0) * 1e6))
             body.append(
                 f"t {g.index} {t_us} {g.mem_used_bytes or 0} {int((g.power_w or 0) * 1000)} "
