@@ -225,3 +225,22 @@ def test_an_nvmlinit_slower_than_the_call_timeout_is_waited_for_not_given_up() -
         timer.cancel()
         fake.release.set()
         pipeline.close()
+
+
+def test_a_stop_while_the_driver_still_opens_ends_the_run_at_once() -> None:
+    """SIGTERM during a slow nvmlInit: the sampling loop returns without waiting for the driver."""
+    fake = SlowInitPynvml()
+    pipeline, _ = _pipeline_on(fake, retry=True)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop})
+    runner.start()
+    try:
+        runner.join(0.3)
+        assert runner.is_alive(), "waiting for the open"
+        stop.set()
+        runner.join(5)
+        assert not runner.is_alive(), "the run ended on the stop, the driver still opening"
+        assert pipeline.sampler.ticks == 0
+    finally:
+        fake.release.set()
+        pipeline.close()

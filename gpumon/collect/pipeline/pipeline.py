@@ -103,12 +103,17 @@ class Pipeline:
             self.sources.close()
             self._open_failed.append(e)
 
-    def _opened(self) -> None:
-        """Wait for a background open; raise what it raised."""
-        if self._opening is not None:
-            self._opening.join()
+    def _opened(self, stop: threading.Event | None = None) -> bool:
+        """Wait for a background open; raise what it raised. False when `stop` was set first (a
+        daemon told to stop while its driver still opens stops at once)."""
+        opening = self._opening
+        while opening is not None and opening.is_alive():
+            if stop is not None and stop.is_set():
+                return False
+            opening.join(0.1)
         if self._open_failed:
             raise self._open_failed[0]
+        return True
 
     def _job_source(self, spec: SourceSpec, attribution: AttributionSpec | None) -> JobSource | None:
         """Live GPUs get their jobs attributed; a replay keeps the jobs it recorded."""
@@ -165,7 +170,8 @@ class Pipeline:
     ) -> None:
         """Sample until `duration_s` has passed, `stop` is set or a replay ends. `first_tick_s`:
         the first tick this soon after start (default: one interval)."""
-        self._opened()
+        if not self._opened(stop):
+            return
         self.sampler.start(first_tick_s)
         until = self.sampler.until(duration_s)  # once: a thread that takes over keeps the same end
 
@@ -195,8 +201,8 @@ class Pipeline:
         return self.sources.guard.stuck_threads if self.sources.guard is not None else 0
 
     def close(self) -> None:
-        if self._opening is not None:  # an open still under way finishes before the driver closes
-            self._opening.join(timeout=self.supervisor.timeout_s + 1.0 if self.supervisor else None)
+        if self._opening is not None:  # an open under way: a moment to finish before the driver closes
+            self._opening.join(timeout=0.5)
         if self._kubelet is not None:
             self._kubelet.stop()
         self.sources.close()
