@@ -331,3 +331,64 @@ def test_serve_answers_while_a_slow_driver_opens_and_serves_its_gpus_once_it_has
     assert seen and seen[-1] == "gpus", (seen[-5:], err[-2000:])
     answered = [s for s in seen if s != "closed"]
     assert answered[0] == "503", f"the port answered only once the driver had opened: {answered[:5]}"
+
+
+def test_a_sigterm_while_a_slow_driver_opens_stops_the_daemon_without_waiting_for_it(
+    library: Path, tmp_path: Path
+) -> None:
+    """The daemon's signals were taken only once a first sample had come (or 30 s had passed):
+    a SIGTERM while nvmlInit ran (it may take a minute) waited for it, past systemd's stop timeout."""
+    import signal
+    import socket
+    import urllib.error
+    import urllib.request
+
+    config = driver.simulated_config(tmp_path, "healthy", faults=("init_delay_us 90000000",))
+    env = driver.environment(config, PYTHONPATH=str(ROOT))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--record", "off"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        status = None
+        deadline = time.monotonic() + 60
+        while status is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).close()
+                status = 200
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except OSError:
+                time.sleep(0.05)
+        assert status == 503, "serving, the driver still opening"
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)  # the driver's open would take 90 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err = proc.communicate()[1]
+    assert rc == 0, err[-2000:]
+    assert "stopped in" in err
+
+
+def test_systemd_hears_ready_with_the_first_sample_however_late_it_comes() -> None:
+    """READY=1 came only from the start-up wait, which gave up after 30 s: a driver that took longer
+    to open never made the service ready (systemd killed it at TimeoutStartSec)."""
+    from gpumon.config.settings import Config
+    from gpumon.core.clock import VirtualClock
+    from gpumon.serve.daemon import Daemon
+    from gpumon.serve.sdnotify import Notifier
+
+    sent: list[str] = []
+
+    class Recording(Notifier):
+        def send(self, *lines: str) -> None:
+            sent.append("\n".join(lines))
+
+    d = Daemon(Config(simulate="healthy", listen="127.0.0.1:0"), clock=VirtualClock(), notifier=Recording())
+    assert not d.ready and not any("READY=1" in m for m in sent)
+    d.sampler.tick(45.0)  # the first sample, whenever it comes, with nobody waiting for it
+    assert d.ready and sum("READY=1" in m for m in sent) == 1
+    d.sampler.tick(46.0)
+    assert sum("READY=1" in m for m in sent) == 1, "once"

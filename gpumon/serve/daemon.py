@@ -171,6 +171,9 @@ class Daemon:
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
+            # systemd hears READY with the first sample, however long the driver took to open (the
+            # HTTP server is up already: start() starts it before the sampling thread)
+            self.notifier.ready(f"sampling {len(tick.gpus)} GPU(s)")
         now = self._trim_clock()
         if now >= self._next_trim:
             self._next_trim = now + TRIM_EVERY_S
@@ -232,12 +235,12 @@ class Daemon:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> int:
-        """Start sampling and serving; returns the port (useful with port 0)."""
+        """Start serving and sampling; returns the port (useful with port 0)."""
         if self.recorder is not None:
             self.recorder.start()
+        port = self.start_http_only()
         self._sampler_thread = named_thread(self._sample, "gpumon-loop")
         self._sampler_thread.start()
-        port = self.start_http_only()
         host = self.cfg.host_port[0]
         scheme = "https" if self.web_config.tls else "http"
         shown = f"[{host}]" if ":" in host else (host or "*")
@@ -279,15 +282,18 @@ class Daemon:
             self.stop_event.set()
             wake_main_thread()
 
+    @property
+    def ready(self) -> bool:
+        """The first sample is published."""
+        return self._ready.is_set()
+
     def wait_ready(self, timeout: float) -> bool:
-        """Wait for the first published sample; a stop (SIGTERM during start-up) ends the wait."""
+        """Wait for the first published sample (in-process users: the demo, benchmarks); a stop
+        ends the wait."""
         deadline = time.monotonic() + timeout
         while not self._ready.is_set() and not self.stop_event.is_set() and time.monotonic() < deadline:
             self._ready.wait(0.05)
-        ok = self._ready.is_set()
-        if ok and self.snapshot is not None:
-            self.notifier.ready(f"sampling {len(self.snapshot.tick.gpus)} GPU(s)")
-        return ok
+        return self._ready.is_set()
 
     def reload(self) -> None:
         if self._reload is None:
@@ -333,13 +339,22 @@ def run_forever(daemon: Daemon) -> int:
     asked for by a signal, 1 when the sampling loop died (systemd's Restart=on-failure)."""
     block_signals()
     daemon.start()
-    if (
-        not daemon.wait_ready(timeout=max(30.0, 10 * daemon.cfg.interval_s))
-        and not daemon.stop_event.is_set()
-    ):
-        log.warning("no sample yet after start: serving anyway")
+    # signals are taken from the start, also while the driver opens (it may take a minute): a
+    # SIGTERM then stops at once; if no sample has come by `patience`, say so once
+    patience = time.monotonic() + max(30.0, 10 * daemon.cfg.interval_s)
+    waiting = True
     while not daemon.stop_event.is_set():
-        sig = signal.sigwait(DAEMON_SIGNALS)
+        if waiting and (daemon.ready or time.monotonic() >= patience):
+            waiting = False
+            if not daemon.ready:
+                log.warning("no sample yet after start: serving anyway")
+        if waiting:
+            info = signal.sigtimedwait(DAEMON_SIGNALS, min(1.0, max(0.0, patience - time.monotonic())))
+            if info is None:
+                continue
+            sig = info.si_signo
+        else:
+            sig = signal.sigwait(DAEMON_SIGNALS)
         if sig == signal.SIGHUP:
             daemon.reload()
         elif sig in (signal.SIGTERM, signal.SIGINT):
