@@ -119,9 +119,9 @@ def cases() -> list[tuple[str, list[Family]]]:
 
 
 def _both(fams: list[Family], accept: str) -> tuple[tuple[bytes, str], tuple[bytes, str]]:
-    render, ctype = negotiate(accept)
+    fmt, ctype = negotiate(accept)
     encoder, lib_ctype = choose_encoder(accept)
-    return (render(fams), ctype), (encoder(_Families(fams)), lib_ctype)  # type: ignore[arg-type]
+    return (fmt.render(fams), ctype), (encoder(_Families(fams)), lib_ctype)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("accept", ACCEPTS)
@@ -155,9 +155,9 @@ def test_random_accept_headers_agree_with_the_library_wherever_it_answers(
             encoder, lib_ctype = choose_encoder(accept)
         except TypeError:
             continue  # the library cannot compare this version (see the test below)
-        render, ctype = negotiate(accept)
+        fmt, ctype = negotiate(accept)
         assert ctype == lib_ctype, accept
-        assert render(fams) == encoder(_Families(fams)), accept  # type: ignore[arg-type]
+        assert fmt.render(fams) == encoder(_Families(fams)), accept  # type: ignore[arg-type]
         answered += 1
     assert answered > 300
 
@@ -185,6 +185,8 @@ def test_names_that_prometheus_would_refuse_are_refused_here() -> None:
         gauge("ok", "x", ["__reserved"])
     with pytest.raises(ValueError):
         gauge("ok", "x", ["a"]).add_metric(["1", "2"], 1)
+    with pytest.raises(ValueError):
+        gauge("ok", "x", ["a", "a"])  # a scrape with a label twice fails whole in Prometheus
 
 
 def test_numbers_are_written_the_way_go_writes_them() -> None:
@@ -193,3 +195,38 @@ def test_numbers_are_written_the_way_go_writes_them() -> None:
     for v in [0, -0.0, 1, 1e6, 1234567.0, 12345678.9, 1e-7, 2**53 + 1, float("inf"), float("nan"), -1e22]:
         assert float_text(v) == floatToGoString(v)
     assert float_text(1e6) == "1e+06" and float_text(1) == "1.0" and float_text(float("inf")) == "+Inf"
+
+
+@pytest.mark.parametrize("version", ["1.0.0.\u00e9", "2.\u00e9", "1.0.0.\x7f", "1.0.0.\tx", "\u0661.0.0"])
+def test_a_version_a_header_cannot_carry_is_passed_over_and_the_scrape_answered(version: str) -> None:
+    """The library repeats these versions into its content type, which then could not be sent:
+    the scraper got an empty reply and the daemon logged a traceback (a hostile review found it)."""
+    import socket
+
+    accept = f"application/openmetrics-text; version={version}"
+    assert negotiate(accept)[1] == TEXT_0_0_4
+    d = simulated_daemon(seconds=3)
+    port = d.start_http_only()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: " + accept.encode() + b"\r\n\r\n")
+            head = s.recv(65536)
+    finally:
+        d.stop()
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    assert b"text/plain; version=0.0.4" in head
+
+
+def test_however_many_versions_scrapers_send_the_daemon_keeps_one_rendering_per_format() -> None:
+    """Renderings were kept per content type, which repeats the scraper's version: a client sending
+    version=1.0.0.1, 1.0.0.2, ... grew the daemon by ~160 KB a request (3,000 took it to 500 MB)."""
+    d = simulated_daemon(seconds=3)
+    for i in range(200):
+        body, ctype, _ = d.render_metrics(f"application/openmetrics-text; version=1.0.0.{i}")
+        assert ctype.startswith(f"application/openmetrics-text; version=1.0.0.{i};")
+        assert body.endswith(b"# EOF\n")
+    for escaping in ("allow-utf-8", "underscores", "dots", "values"):
+        d.render_metrics(f"text/plain; version=1.0.0; escaping={escaping}")
+        d.render_metrics(f"application/openmetrics-text; version=1.0.0; escaping={escaping}")
+    d.render_metrics("")
+    assert len(d.exposition._rendered) <= 8

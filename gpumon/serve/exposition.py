@@ -15,7 +15,7 @@ from typing import Any
 
 from gpumon.serve.metrics import families
 from gpumon.serve.snapshot import Snapshot
-from gpumon.serve.textformat import float_text, negotiate
+from gpumon.serve.textformat import Format, float_text, negotiate
 
 AGE_SENTINEL = 123456789.125
 """Rendered in place of the sample age, which is filled in when a scraper asks."""
@@ -28,7 +28,6 @@ class _Rendered:
     snap: Snapshot | None
     """The snapshot rendered, held (not its `id`, which a later snapshot may reuse once this
     one is freed: the cache would then serve the old text as the new snapshot's)."""
-    content_type: str
     head: bytes
     tail: bytes
     gz_head: bytes
@@ -42,20 +41,21 @@ class Exposition:
         self._snapshot = snapshot
         self._now = now
         self._lock = threading.Lock()
-        self._rendered: dict[str, _Rendered] = {}
+        self._rendered: dict[Format, _Rendered] = {}
+        """One rendering per format (at most eight), of the snapshot scraped last in it."""
 
     def render(self, accept: str, gzip_ok: bool = False) -> tuple[bytes, str, str | None]:
         """(body, content type, content encoding) for this scrape: the snapshot's exposition,
         rendered on the first scrape that asks for it; the sample age filled in now (so it stays
         true when the sampler stops)."""
-        encoder, content_type = negotiate(accept)
+        fmt, content_type = negotiate(accept)
         snap = self._snapshot()
         with self._lock:
-            r = self._rendered.get(content_type)
+            r = self._rendered.get(fmt)
             if r is None or r.snap is not snap:
                 # the snapshot taken above, even if a newer one is published meanwhile
-                r = _split(encoder(families(snap, AGE_SENTINEL)), content_type, snap)
-                self._rendered[content_type] = r
+                r = _split(fmt.render(families(snap, AGE_SENTINEL)), snap)
+                self._rendered[fmt] = r
         age = b"" if snap is None else float_text(round(max(0.0, self._now() - r.t_s), 3)).encode()
         if not gzip_ok:
             return r.head + age + r.tail, content_type, None
@@ -63,11 +63,11 @@ class Exposition:
         return r.gz_head + c.compress(age + r.tail) + c.flush(), content_type, "gzip"
 
 
-def _split(body: bytes, content_type: str, snap: Snapshot | None) -> _Rendered:
+def _split(body: bytes, snap: Snapshot | None) -> _Rendered:
     marker = float_text(AGE_SENTINEL).encode()
     head, found, tail = body.partition(marker)
     if not found or marker in tail:
         head, tail = body, b""
     comp = zlib.compressobj(6, zlib.DEFLATED, 31)
     gz_head = comp.compress(head)
-    return _Rendered(snap, content_type, head, tail, gz_head, comp, snap.t_s if snap else 0.0)
+    return _Rendered(snap, head, tail, gz_head, comp, snap.t_s if snap else 0.0)

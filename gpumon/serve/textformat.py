@@ -14,9 +14,9 @@ that is not a number), this answers as if the entry were absent.
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 UNDERSCORES = "underscores"
 ALLOW_UTF8 = "allow-utf-8"
@@ -52,6 +52,8 @@ class Family:
         if not _LEGACY_METRIC.fullmatch(name):
             raise ValueError(f"invalid metric name {name!r}")
         names = tuple(labels or ())
+        if len(set(names)) != len(names):  # Prometheus would refuse the whole scrape
+            raise ValueError(f"{name}: a label name twice in {names}")
         for label in names:
             if not _LEGACY_LABEL.fullmatch(label) or label.startswith("__"):
                 raise ValueError(f"{name}: invalid label name {label!r}")
@@ -192,15 +194,25 @@ def render_openmetrics(families: Iterable[Family], escaping: str = UNDERSCORES) 
     return "".join(out).encode("utf-8")
 
 
-Renderer = Callable[[Iterable[Family]], bytes]
+class Format(NamedTuple):
+    """What the text depends on (the content type may echo more: the scraper's version): at most
+    eight, so a cache keyed by it stays small whatever scrapers send."""
+
+    openmetrics: bool
+    escaping: str
+
+    def render(self, families: Iterable[Family]) -> bytes:
+        return (render_openmetrics if self.openmetrics else render_text)(families, self.escaping)
 
 
-def negotiate(accept: str | None) -> tuple[Renderer, str]:
+def negotiate(accept: str | None) -> tuple[Format, str]:
     """The format a scraper asked for, and its content type: the first entry of the Accept header
     that names OpenMetrics (any version from 1.0.0, or none) or the text format at 1.0.0 or later,
     with its escaping scheme (underscores unless it names another); else the text format 0.0.4.
     Quality values are not weighed (prometheus_client does not either: Prometheus lists its
-    preferences in order)."""
+    preferences in order). OpenMetrics' content type repeats the scraper's version, as the library
+    does; a version that a response header cannot carry as it came (anything but visible ASCII:
+    the library's answer then failed to be sent) passes the entry over."""
     for entry in (accept or "").split(","):
         toks = entry.split(";")
         kind = toks[0].strip()
@@ -209,14 +221,14 @@ def negotiate(accept: str | None) -> tuple[Renderer, str]:
         version, escaping = _parameters(toks)
         if kind == "application/openmetrics-text":
             if not version:
-                return functools.partial(render_openmetrics, escaping=UNDERSCORES), OPENMETRICS_1_0_0
-            if _at_least_1(version):
-                return functools.partial(render_openmetrics, escaping=escaping), (
+                return Format(True, UNDERSCORES), OPENMETRICS_1_0_0
+            if _at_least_1(version) and all("!" <= c <= "~" for c in version):
+                return Format(True, escaping), (
                     f"application/openmetrics-text; version={version}; charset=utf-8; escaping={escaping}"
                 )
         elif version and _at_least_1(version):
-            return functools.partial(render_text, escaping=escaping), f"{TEXT_1_0_0}; escaping={escaping}"
-    return functools.partial(render_text, escaping=UNDERSCORES), TEXT_0_0_4
+            return Format(False, escaping), f"{TEXT_1_0_0}; escaping={escaping}"
+    return Format(False, UNDERSCORES), TEXT_0_0_4
 
 
 def _parameters(toks: list[str]) -> tuple[str, str]:
