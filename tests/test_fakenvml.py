@@ -294,22 +294,30 @@ def test_gpumon_creates_no_cuda_context(library: Path, tmp_path: Path) -> None:
     assert str(proc.pid) not in out.split()
 
 
+def serve_on_a_slow_driver(
+    tmp_path: Path, scenarios: str, init_s: float
+) -> tuple[subprocess.Popen[str], int]:
+    """`gpumon serve` (recorder off) on the stand-in, whose first nvmlInit takes `init_s`."""
+    import socket
+
+    config = driver.simulated_config(tmp_path, scenarios, faults=(f"init_delay_us {round(init_s * 1e6)}",))
+    env = driver.environment(config, PYTHONPATH=str(ROOT))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--record", "off"]
+    return subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True), port
+
+
 def test_serve_answers_while_a_slow_driver_opens_and_serves_its_gpus_once_it_has(
     library: Path, tmp_path: Path
 ) -> None:
     """A driver without persistence mode can take seconds in nvmlInit: the daemon opens it on a
     thread of its own, so its port answers meanwhile (not ready yet: 503), then the GPUs come."""
-    import socket
     import urllib.error
     import urllib.request
 
-    config = driver.simulated_config(tmp_path, "healthy,healthy", faults=("init_delay_us 3000000",))
-    env = driver.environment(config, PYTHONPATH=str(ROOT))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--record", "off"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc, port = serve_on_a_slow_driver(tmp_path, "healthy,healthy", init_s=3)
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 60
@@ -339,17 +347,10 @@ def test_a_sigterm_while_a_slow_driver_opens_stops_the_daemon_without_waiting_fo
     """The daemon's signals were taken only once a first sample had come (or 30 s had passed):
     a SIGTERM while nvmlInit ran (it may take a minute) waited for it, past systemd's stop timeout."""
     import signal
-    import socket
     import urllib.error
     import urllib.request
 
-    config = driver.simulated_config(tmp_path, "healthy", faults=("init_delay_us 90000000",))
-    env = driver.environment(config, PYTHONPATH=str(ROOT))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--record", "off"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc, port = serve_on_a_slow_driver(tmp_path, "healthy", init_s=90)
     try:
         status = None
         deadline = time.monotonic() + 60
