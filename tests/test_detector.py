@@ -3,8 +3,6 @@ wasted GPU-seconds. Pure code, so tables of inputs drive it directly."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from gpumon.core.model import GpuProcess, GpuSample, HostSample, ProcessCpu, UtilPoint
@@ -50,7 +48,7 @@ BASE = Evidence(
 
 
 def ev(**kw) -> Evidence:
-    return replace(BASE, **kw)
+    return BASE._replace(**kw)
 
 
 @pytest.mark.parametrize(
@@ -314,7 +312,7 @@ def test_a_step_change_is_not_bursts() -> None:
 def test_without_sub_second_history_tick_readings_stand_in() -> None:
     w = window([0.5])
     samples = tuple(w.gpu._replace(t_s=float(t), util_ratio=0.2 + 0.1 * (t % 2)) for t in range(8))
-    e = gather(replace(w, points=(), samples=samples), TH)
+    e = gather(w._replace(points=(), samples=samples), TH)
     assert e.points == 8 and e.duty_cycle == pytest.approx(0.25)
 
 
@@ -340,7 +338,7 @@ def feed_constant(det: StarvationDetector, evidence_duty: list[float], t0: float
     for k, d in enumerate(evidence_duty):
         w = window([d] * 48)
         t = t0 + k + 1.0
-        out.append(det.feed(replace(w, t_s=t, gpu=w.gpu._replace(t_s=t))))
+        out.append(det.feed(w._replace(t_s=t, gpu=w.gpu._replace(t_s=t))))
     return out
 
 
@@ -377,8 +375,7 @@ def feed_timeline(det: StarvationDetector, util, until_s: float, period: float =
         values = [util(k * period) for k in range(end - n + 1, end + 1)]
         w = window(values, period)
         shift = t - w.t_s
-        w = replace(
-            w,
+        w = w._replace(
             t_s=float(t),
             gpu=w.gpu._replace(t_s=float(t)),
             points=tuple(p._replace(t_s=round(p.t_s + shift, 6)) for p in w.points),
@@ -587,8 +584,7 @@ def two_ranks(
                 jobs=(JobRef("slurm", job, "a", None, "prolog"),),
             )
             windows.append(
-                replace(
-                    w,
+                w._replace(
                     t_s=float(t),
                     gpu=gpu,
                     samples=(gpu,),

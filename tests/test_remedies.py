@@ -4,7 +4,6 @@ as the classifier is tested; the advisor on episodes; the straggler that moves."
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -57,14 +56,13 @@ TABLE = [
     ),
     (
         "the same on 2 cores: the second worker and the main process fill them",
-        replace(IDLE_8, cpu_count=2),
+        IDLE_8._replace(cpu_count=2),
         Cause.CPU,
         (2, 1.5, Limit.CPU),  # (0.3 + 1.0) * s <= 2 cores less the others' 0.05
     ),
     (
         "2 cores, both taken by the job's 2 workers while another user's job takes its share: no gain",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=2,
             duty=0.3,
             main_cores=0.2,
@@ -79,8 +77,7 @@ TABLE = [
     (
         "2 cores, one worker beside two other users' CPU-bound jobs (each its own group): the job "
         "has its third of the machine already: no gain",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=2,
             main_cores=0.15,
             worker_cores=0.52,
@@ -93,8 +90,7 @@ TABLE = [
     (
         "2 cores shared with one other user's group: the job's fair half would be 1 core, but its 2 "
         "workers already spread it over both CPUs: a third wins nothing",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=2,
             main_cores=0.1,
             worker_cores=0.75,
@@ -108,8 +104,7 @@ TABLE = [
     (
         "2 cores filled by the job's 2 workers beside a light neighbour (0.15 cores, well under the "
         "job's: it has what it wants and keeps it): the job has the rest already: no gain",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=2,
             main_cores=0.2,
             worker_cores=1.65,
@@ -123,15 +118,14 @@ TABLE = [
     (
         "2 cores, one pinned worker, other work at 0.7 cores (under 0.8 of the job's 1.3: not a "
         "group as hungry as the job): it keeps its 0.7, and the job has all the rest: no gain",
-        replace(IDLE_8, cpu_count=2, host_busy_cores=2.0),
+        IDLE_8._replace(cpu_count=2, host_busy_cores=2.0),
         Cause.CPU,
         None,
     ),
     (
         "4 cores, one other group at 1.4 times the job's CPU: the job's fair half (2 cores) is 1.2 "
         "times what it has, and a third worker spreads it far enough to take it",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=4,
             main_cores=0.27,
             worker_cores=1.4,
@@ -144,8 +138,7 @@ TABLE = [
     ),
     (
         "a storage-bound reader: streams scale until the disk is busy all the time (50% now: 2x)",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             duty=0.15,
             main_cores=0.15,
             worker_cores=0.1,
@@ -159,8 +152,7 @@ TABLE = [
         "a storage-bound reader on 2 cores beside two CPU hogs (a group each): the job wants less than "
         "its third of the machine, so its CPU says nothing of the share; with the others at a core a "
         "group it may grow to 0.67 cores: 2.7x",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             cpu_count=2,
             duty=0.15,
             main_cores=0.15,
@@ -174,8 +166,7 @@ TABLE = [
     ),
     (
         "a storage-bound reader on an idle disk: each more reader a stream more, up to the ceiling",
-        replace(
-            IDLE_8,
+        IDLE_8._replace(
             duty=0.3,
             main_cores=0.15,
             worker_cores=0.1,
@@ -238,22 +229,22 @@ def test_other_states_have_no_advice(state: State) -> None:
 CANNOT = [
     ("host", Cause.HOST, IDLE_8, 20, "not on this host's counters"),
     ("too few windows", Cause.CPU, IDLE_8, MIN_WINDOWS - 1, "window(s) of this episode so far"),
-    ("hidden processes", Cause.CPU, replace(IDLE_8, job_seen=False, main_cores=None), 20, "not visible"),
+    ("hidden processes", Cause.CPU, IDLE_8._replace(job_seen=False, main_cores=None), 20, "not visible"),
     (
         "loader in threads",
         Cause.CPU,
-        replace(IDLE_8, workers=0, main_cores=1.0, worker_cores=0.0),
+        IDLE_8._replace(workers=0, main_cores=1.0, worker_cores=0.0),
         20,
         "threads",
     ),
     (
         "main pinned, not its workers",
         Cause.CPU,
-        replace(IDLE_8, main_cores=1.0, busiest_worker_cores=0.3),
+        IDLE_8._replace(main_cores=1.0, busiest_worker_cores=0.3),
         20,
         "threads",
     ),
-    ("steps blurred at 1 s", Cause.CPU, replace(IDLE_8, coarse_blur=True), 20, "blur"),
+    ("steps blurred at 1 s", Cause.CPU, IDLE_8._replace(coarse_blur=True), 20, "blur"),
 ]
 
 
@@ -271,15 +262,15 @@ def test_signals_that_cannot_support_a_number_say_so_and_why(
 
 
 def test_a_gpu_nearly_fed_has_no_change_to_name() -> None:
-    advice = predict(State.STARVED, Cause.CPU, replace(IDLE_8, duty=0.93), 20)
+    advice = predict(State.STARVED, Cause.CPU, IDLE_8._replace(duty=0.93), 20)
     assert advice is not None and advice.kind == Kind.PREDICTED and advice.no_gain and not advice.candidates
 
 
 def test_a_stragglers_peers_step_with_it_and_take_their_share_of_the_cores() -> None:
     """The job's other ranks on the host wait for the straggler: as the job speeds up, so does
     their CPU. Counting them, one worker more buys less on a small host than the straggler alone."""
-    alone = replace(IDLE_8, cpu_count=2, duty=0.2, main_cores=0.15, worker_cores=0.95, host_busy_cores=1.5)
-    with_peers = replace(alone, peer_cores=0.35)
+    alone = IDLE_8._replace(cpu_count=2, duty=0.2, main_cores=0.15, worker_cores=0.95, host_busy_cores=1.5)
+    with_peers = alone._replace(peer_cores=0.35)
     assert speedups(cpu(with_peers))[2] < speedups(cpu(alone))[2]
 
 
@@ -316,10 +307,10 @@ def test_predictions_stay_within_the_ceiling_and_the_named_change_gains() -> Non
 
 
 def test_an_episodes_inputs_are_medians_so_one_odd_window_does_not_move_them() -> None:
-    odd = replace(IDLE_8, worker_cores=1.76, workers=2)  # a worker found late: its life in one tick
+    odd = IDLE_8._replace(worker_cores=1.76, workers=2)  # a worker found late: its life in one tick
     merged = median_inputs([IDLE_8] * 6 + [odd])
     assert merged.worker_cores == 1.0 and merged.workers == 1
-    hidden = median_inputs([replace(IDLE_8, main_cores=None, job_seen=False)] * 4 + [IDLE_8])
+    hidden = median_inputs([IDLE_8._replace(main_cores=None, job_seen=False)] * 4 + [IDLE_8])
     assert hidden.main_cores is None and not hidden.job_seen
 
 
@@ -398,8 +389,8 @@ def test_the_advisor_reads_an_episodes_steady_windows_not_its_onset_or_teardown(
         if t < 8:
             e = ev(duty_cycle=0.6, loader_workers=0, job_cpu_cores=0.3)  # the onset: still fed, no workers
         if t >= 17:  # a long teardown: most of the windows since the onset, but its last window's worth
-            e = replace(
-                STARVED_EV, loader_workers=0, job_cpu_cores=0.3, busiest_child_cpu_cores=0.0
+            e = STARVED_EV._replace(
+                loader_workers=0, job_cpu_cores=0.3, busiest_child_cpu_cores=0.0
             )  # teardown
         advisor.feed([verdict(float(t), e)])
         if t == 10:
@@ -415,7 +406,7 @@ def test_the_advisor_reads_an_episodes_steady_windows_not_its_onset_or_teardown(
 
 
 def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
-    small = replace(STARVED_EV, cpu_count=2, host_cpu_ratio=0.9, duty_cycle=0.2)
+    small = STARVED_EV._replace(cpu_count=2, host_cpu_ratio=0.9, duty_cycle=0.2)
     peer = ev(duty_cycle=0.97, power_ratio=0.15, job_cpu_cores=0.4, main_cpu_cores=0.3)
 
     def advice(with_peer: bool) -> Advice:

@@ -98,7 +98,7 @@ def test_unsupported_fields_are_left_out_not_nan() -> None:
     d = simulated_daemon("healthy", seconds=3)
     snap = d.snapshot
     g = snap.tick.gpus[0]._replace(power_w=None, temp_c=None)
-    d.snapshot = type(snap)(**{**snap.__dict__, "tick": snap.tick.__class__(snap.t_s, (g,), snap.tick.host)})
+    d.snapshot = snap._replace(tick=snap.tick._replace(gpus=(g,)))
     text = d.render_metrics("")[0].decode()
     assert "gpumon_gpu_power_watts{" not in text and "gpumon_gpu_temperature_celsius{" not in text
     assert "NaN" not in text and "gpumon_gpu_utilization_ratio{" in text

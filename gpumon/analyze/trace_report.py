@@ -15,7 +15,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpumon.collect.pipeline import Pipeline, SourceSpec
@@ -417,7 +417,7 @@ def _from(episodes: list[Episode], start_s: float, wasted_before: float) -> list
     if kept and kept[0].start_s < start_s:
         spent = max(0.0, wasted_before - before)  # its waste before start_s
         waste = round(max(0.0, kept[0].wasted_gpu_s - spent), 3)
-        kept[0] = replace(kept[0], start_s=start_s, wasted_gpu_s=waste)
+        kept[0] = kept[0]._replace(start_s=start_s, wasted_gpu_s=waste)
     return kept
 
 

@@ -87,7 +87,7 @@ class GpuHistory:
         return self.samples[-1].t_s if self.samples else -math.inf
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class Sampler:
     gpu_source: GpuSource
     host_source: HostSourceLike | None

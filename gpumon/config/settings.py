@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
 from gpumon.core.files import NotRegularFile, read_regular
@@ -42,8 +42,7 @@ class SettingError(ValueError):
     """A value that does not fit its setting; the caller adds where it came from."""
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """How one setting is given and checked (beside its type and default on the Config field)."""
 
     help: str
@@ -476,8 +475,7 @@ def _base_type(hint: Any) -> type:
     return hint
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     key: str
     kind: type
     default: Any

@@ -7,12 +7,14 @@ of the recording. A field the hardware does not report is `None`, never NaN or z
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
-# The three per-GPU records are NamedTuples rather than frozen dataclasses: they are built for
-# every GPU on every tick, and a frozen dataclass of 17 fields costs 3 µs to build against 0.6 µs
-# (benchmarks/nvml_cost.py). Both are immutable; change them with `._replace(...)`.
+# Every record here is a NamedTuple rather than a frozen dataclass (and so are most of gpumon's
+# other immutable records, docs/benchmarks.md "First sample"): built for every GPU on every tick, a
+# frozen dataclass of 17 fields costs 3 µs to build against 0.6 µs (benchmarks/nvml_cost.py), and
+# defining one costs 0.4-1.5 ms at import (its methods are compiled from generated source) against
+# 0.05 ms: 38 of them were a fifth of `gpumon serve`'s start. Both are immutable; change them
+# with `._replace(...)`.
 
 
 class UtilPoint(NamedTuple):
@@ -141,8 +143,7 @@ class GpuSample(NamedTuple):
     """The last XID: (code, Unix time it was seen)."""
 
 
-@dataclass(frozen=True, slots=True)
-class AttributionStatus:
+class AttributionStatus(NamedTuple):
     """How one attribution source fared this tick (gpumon_attribution_up)."""
 
     source: str
@@ -150,8 +151,7 @@ class AttributionStatus:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessCpu:
+class ProcessCpu(NamedTuple):
     """CPU use of one GPU process and its descendants (data-loader workers) over the last tick.
 
     Ratios count cores: 1.0 is one core fully busy, so a process tree can exceed 1.0.
@@ -181,8 +181,7 @@ class ProcessCpu:
     """Seconds since the process started (its own start time), where the host says."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostSample:
+class HostSample(NamedTuple):
     t_s: float
     cpu_count: int
     cpu_ratio: float
@@ -197,22 +196,20 @@ class HostSample:
     0-1; None where the host does not say."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceInfo:
+class DeviceInfo(NamedTuple):
     """What `gpumon devices` lists."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
     uuid: str
     name: str
     mem_total_bytes: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(NamedTuple):
     """Everything one sampler tick saw. `host` is None when the host source failed."""
 
     t_s: float
     gpus: tuple[GpuSample, ...]
     host: HostSample | None
-    source_errors: tuple[str, ...] = field(default=())
-    attribution: tuple[AttributionStatus, ...] = field(default=())
+    source_errors: tuple[str, ...] = ()
+    attribution: tuple[AttributionStatus, ...] = ()

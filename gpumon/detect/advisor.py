@@ -24,7 +24,7 @@ GPU's advice costs a few hundred microseconds)."""
 GpuKey = tuple[int, str]
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class _Episode:
     start_s: float
     state: State

@@ -6,15 +6,14 @@ unknown > idle > stalled > sync-stall > healthy > starved (cpu, io, host) > unde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpumon.detect.evidence import Evidence
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.vocabulary import Cause, State, state_label
 
 
-@dataclass(frozen=True, slots=True)
-class Classification:
+class Classification(NamedTuple):
     state: State
     cause: Cause | None
     confidence: float

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from gpumon.core.model import (
@@ -20,8 +19,7 @@ from gpumon.core.model import (
 from gpumon.detect.thresholds import Thresholds
 
 
-@dataclass(frozen=True, slots=True)
-class GpuWindow:
+class GpuWindow(NamedTuple):
     """What the detector sees of one GPU at one moment: the latest sample and recent history."""
 
     t_s: float
@@ -34,8 +32,7 @@ class GpuWindow:
     """Host samples within the host window, oldest first."""
 
 
-@dataclass(frozen=True, slots=True)
-class Evidence:
+class Evidence(NamedTuple):
     points: int
     period_s: float | None
     duty_cycle: float | None
@@ -143,7 +140,7 @@ def _runs(flags: list[bool]) -> tuple[list[int], list[int]]:
     return lengths[1::2], lengths[0::2]
 
 
-_EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
+_EVIDENCE_FIELDS = Evidence._fields
 
 
 def _max_or_none(values: Iterable[float | None]) -> float | None:

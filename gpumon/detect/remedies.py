@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.detect.evidence import Evidence
 from gpumon.detect.vocabulary import Cause, State
@@ -72,8 +71,7 @@ class Limit(StrEnum):
     """The storage device's utilization reaches 100%."""
 
 
-@dataclass(frozen=True, slots=True)
-class RemedyInputs:
+class RemedyInputs(NamedTuple):
     """What the model reads from one window's evidence (or the median of an episode's)."""
 
     duty: float
@@ -122,7 +120,7 @@ class RemedyInputs:
         )
 
 
-_FIELDS = tuple(f.name for f in fields(RemedyInputs))
+_FIELDS = RemedyInputs._fields
 
 
 def median_inputs(inputs: Sequence[RemedyInputs]) -> RemedyInputs:
@@ -147,8 +145,7 @@ def median_inputs(inputs: Sequence[RemedyInputs]) -> RemedyInputs:
     return RemedyInputs(**out)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     change: str
     """`workers+1`, `workers+2`, ... or `cache` (the label value of gpumon_gpu_predicted_speedup)."""
     workers: int | None
@@ -167,8 +164,7 @@ class Candidate:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Advice:
+class Advice(NamedTuple):
     """What a fix buys on one GPU: the prediction, or why there is none."""
 
     kind: Kind
@@ -253,8 +249,7 @@ def cannot(why: str, cause: Cause | None = None, ceiling: float | None = None, w
     return Advice(Kind.CANNOT, cause=cause, ceiling=ceiling, why=why, windows=windows)
 
 
-@dataclass(frozen=True, slots=True)
-class Contention:
+class Contention(NamedTuple):
     """How other users' work shares a saturated host with the job (see job_cpu_cap)."""
 
     weight: float

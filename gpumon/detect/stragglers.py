@@ -33,7 +33,7 @@ def stragglers(labels: Mapping[K, str]) -> list[K]:
     return starved if sum(v == State.SYNC_STALL for v in others) * 2 > len(others) else []
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class StragglerHistory(Generic[K]):
     """Which GPU straggled, and for how long, over a range."""
 

@@ -4,8 +4,8 @@ time comes with the windows it is fed."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from gpumon.detect.classify import Classification, classify
 from gpumon.detect.evidence import Evidence, GpuWindow, JobKey, another_job, gather, job_key, job_label
@@ -16,9 +16,8 @@ MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU (a long-running daemon stays bounded; totals are kept)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Episode:
-    index: int
+class Episode(NamedTuple):
+    index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
     uuid: str
     state: State
     cause: Cause | None
@@ -48,10 +47,9 @@ class Episode:
         return (self.end_s if self.end_s is not None else now_s) - self.start_s
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     t_s: float
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
     uuid: str
     name: str
     state: State
@@ -85,7 +83,7 @@ def waste_share(state: State, evidence: Evidence) -> float:
     return max(0.0, 1.0 - evidence.duty_cycle)
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class _Open:
     state: State
     cause: Cause | None
@@ -112,7 +110,7 @@ class _Open:
         return self.fallback[1].as_dict() if self.fallback is not None else None
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class StarvationDetector:
     """Feed it one window per tick for one GPU; it answers with the (hysteresis-held) verdict."""
 
@@ -169,8 +167,7 @@ class StarvationDetector:
         theirs_duty = waiting_for.evidence.duty_cycle if waiting_for is not None else None
         if waiting_for is not None and theirs_duty is not None:
             theirs = waiting_for.evidence
-            ev = replace(
-                ev,
+            ev = ev._replace(
                 waiting_for_gpu=waiting_for.index,
                 waiting_share=round(1.0 - theirs_duty, 4),
                 waiting_for_power_ratio=theirs.power_ratio,
@@ -340,7 +337,7 @@ class StarvationDetector:
         """End of input: the open episode ends now; returns every episode kept."""
         out = list(self.episodes)
         if self._open is not None:
-            out.append(replace(self._as_episode(self._open, t_s)))
+            out.append(self._as_episode(self._open, t_s))
         return out
 
 

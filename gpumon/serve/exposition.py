@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.serve.metrics import families
 from gpumon.serve.snapshot import Snapshot
@@ -21,8 +20,7 @@ AGE_SENTINEL = 123456789.125
 """Rendered in place of the sample age, which is filled in when a scraper asks."""
 
 
-@dataclass(frozen=True)
-class _Rendered:
+class _Rendered(NamedTuple):
     """One snapshot's exposition in one format, split around the age (filled in per scrape)."""
 
     snap: Snapshot | None

@@ -15,7 +15,7 @@ from gpumon.core.model import Tick
 from gpumon.serve.snapshot import Snapshot
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class NvmlFreshness:
     real_gpus: bool
     """Only real GPUs (NVML) are judged; simulated and replayed ones are always fresh."""

@@ -83,7 +83,7 @@ class Response:
     """Set when `body` is already encoded (gzip) by the route."""
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class Routes:
     metrics: Callable[[str, bool], tuple[bytes, str, str | None]]
     """(Accept header, gzip accepted) -> (body, content type, content encoding or None)."""

@@ -19,7 +19,6 @@ daemon keeps at hand; the caller then replays the recording.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 from gpumon.analyze.trace_report import Analysis, GpuReport
@@ -89,14 +88,14 @@ def analyze_recent(
             if e.end_s is not None and e.end_s <= since_t:
                 continue
             if e.end_s is None:  # the open one ends at the range's end, as the replay closes it
-                e = replace(e, end_s=mine[-1].t_s)
+                e = e._replace(end_s=mine[-1].t_s)
             if e.start_s < since_t:  # under way at `since`: it starts there, with the waste since
                 w1 = w0
                 for j in mine:
                     if j.since_s != e.start_s:
                         break
                     w1 = j.wasted_gpu_s
-                e = replace(e, start_s=since_t, wasted_gpu_s=round(max(0.0, w1 - w0), 3))
+                e = e._replace(start_s=since_t, wasted_gpu_s=round(max(0.0, w1 - w0), 3))
             kept.append(_moved(e, offset))
         rep.episodes = kept
     if not reports:
@@ -138,4 +137,4 @@ def _moved(e: Episode, offset: float) -> Episode:
     """The episode on the range's timeline."""
     causes = tuple((t + offset, c) for t, c in e.causes)
     end = None if e.end_s is None else e.end_s + offset
-    return replace(e, start_s=e.start_s + offset, end_s=end, causes=causes)
+    return e._replace(start_s=e.start_s + offset, end_s=end, causes=causes)

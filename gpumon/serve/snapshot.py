@@ -3,8 +3,9 @@ state API) read without ever touching a source. A hung GPU cannot stall a scrape
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from gpumon.collect.pipeline.spec import SourceDescription
 from gpumon.collect.sampler import SourceStats
@@ -18,8 +19,7 @@ from gpumon.trace.records import job_to_dict
 SCHEMA = "gpumon-state/1"
 
 
-@dataclass(frozen=True)
-class GpuCounters:
+class GpuCounters(NamedTuple):
     """Totals since the daemon started, per GPU (Prometheus counters)."""
 
     seconds_in_state: dict[State, float]
@@ -30,8 +30,7 @@ class GpuCounters:
     """The most recent episodes, oldest first, the one going on last (the state API's)."""
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     t_s: float
     """Sampler clock of the tick."""
     tick: Tick
@@ -41,16 +40,16 @@ class Snapshot:
     ticks: int
     skipped_ticks: int
     source_description: SourceDescription
-    problems: tuple[str, ...] = field(default=())
+    problems: tuple[str, ...] = ()
     """The messages of the problems going on now."""
-    problem_totals: dict[str, int] = field(default_factory=dict)
+    problem_totals: Mapping[str, int] = MappingProxyType({})
     """Problems noted per source since start."""
     unix_offset_s: float = 0.0
     """Add to a sampler-clock time to get Unix time (for episodes in the state API)."""
     hostname: str = ""
     recorder: RecorderStats | None = None
     """The flight recorder's state, when it runs."""
-    advice: dict[tuple[int, str], Advice] = field(default_factory=dict)
+    advice: Mapping[tuple[int, str], Advice] = MappingProxyType({})
     """What a fix buys, per GPU with something to say (starved, or fed: detect/advisor.py)."""
 
     def verdict_for(self, index: int, uuid: str) -> Verdict | None:

@@ -12,7 +12,6 @@ import bisect
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpumon.core.model import Tick
@@ -25,11 +24,10 @@ MAX_TICKS = 20_000
 """The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Judged:
+class Judged(NamedTuple):
     """One GPU's verdict at one tick, as the range analysis needs it."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index
     uuid: str
     name: str
     mig: int | None
@@ -48,8 +46,7 @@ class Logged(NamedTuple):
     gpus: tuple[Judged, ...]
 
 
-@dataclass(frozen=True)
-class Latest:
+class Latest(NamedTuple):
     """The newest tick logged, with each GPU's episodes then: the last closed ones and the open one."""
 
     unix_s: float
@@ -60,8 +57,7 @@ class Latest:
     older ones may be missing."""
 
 
-@dataclass(frozen=True)
-class LogView:
+class LogView(NamedTuple):
     """A consistent copy: the ticks up to and including `latest`."""
 
     ticks: list[Logged]

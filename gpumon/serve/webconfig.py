@@ -12,8 +12,8 @@ import re
 import ssl
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from gpumon.core.errors import EXIT_CONFIG, GpumonError
 from gpumon.core.files import NotRegularFile, kind_of, read_regular
@@ -89,8 +89,7 @@ _TLS = (
 _HTTP = ("http2", "headers")
 
 
-@dataclass(frozen=True)
-class WebConfig:
+class WebConfig(NamedTuple):
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
@@ -103,7 +102,7 @@ class WebConfig:
     prefer_server_ciphers: bool = False
     curve: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
-    users: Mapping[str, bytes] = field(default_factory=dict)
+    users: Mapping[str, bytes] = MappingProxyType({})
     """user -> bcrypt hash."""
     path: str | None = None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.core.errors import TraceError
@@ -180,5 +180,5 @@ def _shift(tick: Tick, dt: float) -> Tick:
                 util_history=tuple(UtilPoint(p.t_s + dt, p.util_ratio) for p in g.util_history),
             )
         )
-    host = replace(tick.host, t_s=tick.host.t_s + dt) if tick.host is not None else None
-    return replace(tick, t_s=tick.t_s + dt, gpus=tuple(shifted), host=host)
+    host = tick.host._replace(t_s=tick.host.t_s + dt) if tick.host is not None else None
+    return tick._replace(t_s=tick.t_s + dt, gpus=tuple(shifted), host=host)

@@ -29,8 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.core.errors import OutputError
 from gpumon.core.model import Tick
@@ -52,8 +51,7 @@ _SYNC = object()
 """Put in the queue by `flush`: the ticks before it go to the OS now."""
 
 
-@dataclass(frozen=True)
-class RecorderStats:
+class RecorderStats(NamedTuple):
     """What `gpumon_recorder_*` and the state API say about the recorder."""
 
     directory: str
@@ -131,7 +129,7 @@ class Recorder:
                 self._queue.put_nowait(tick)
         except queue.Full:
             with self._lock:
-                self._stats = replace(self._stats, dropped_ticks=self._stats.dropped_ticks + 1)
+                self._stats = self._stats._replace(dropped_ticks=self._stats.dropped_ticks + 1)
 
     def flush(self) -> None:
         """Wait until every submitted tick is handed to the OS, decodable (tests, shutdown)."""
@@ -243,8 +241,7 @@ class Recorder:
             self._paused_since = None
             self._not_recorded = 0
         with self._lock:
-            self._stats = replace(
-                self._stats,
+            self._stats = self._stats._replace(
                 up=True,
                 paused_reason=None,
                 bytes_written=self._closed_bytes + writer.bytes,
@@ -294,7 +291,7 @@ class Recorder:
             self._error(f"{e}")
         self._closed_bytes += writer.bytes
         with self._lock:
-            self._stats = replace(self._stats, bytes_written=self._closed_bytes)
+            self._stats = self._stats._replace(bytes_written=self._closed_bytes)
         self._retention(self._newest_unix)
 
     def _pause(self, unix: float, e: OutputError) -> None:
@@ -319,15 +316,15 @@ class Recorder:
 
     def _error(self, reason: str) -> None:
         with self._lock:
-            self._stats = replace(self._stats, up=False, paused_reason=reason, errors=self._stats.errors + 1)
+            self._stats = self._stats._replace(up=False, paused_reason=reason, errors=self._stats.errors + 1)
 
     def _dropped(self, n: int) -> None:
         with self._lock:
-            self._stats = replace(self._stats, dropped_ticks=self._stats.dropped_ticks + n)
+            self._stats = self._stats._replace(dropped_ticks=self._stats.dropped_ticks + n)
 
     def _set(self, **kw: Any) -> None:
         with self._lock:
-            self._stats = replace(self._stats, **kw)
+            self._stats = self._stats._replace(**kw)
 
     def _retention(self, now_unix: float) -> None:
         """Delete the oldest segments while all their samples are older than max_age_s, or while
@@ -355,8 +352,7 @@ class Recorder:
                     self._error(f"{seg.path}: cannot delete: {e.strerror}")
             kept.append(seg)
         with self._lock:
-            self._stats = replace(
-                self._stats,
+            self._stats = self._stats._replace(
                 segments=len(kept),
                 disk_bytes=total,
                 oldest_unix_s=kept[0].start_unix_s if kept else None,

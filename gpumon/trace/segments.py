@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from gpumon.core.files import kind_of
 
@@ -44,8 +44,7 @@ def looks_like_segment(name: str) -> bool:
     return name.startswith("gpumon-") and name.endswith(".jsonl.gz")
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     path: str
     start_unix_s: float
     bytes: int

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # below: a daemon on real GPUs starts without them (its first sample comes sooner).
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class OpenedSources:
     gpu: GpuSource
     host: HostSourceLike | None

@@ -6,14 +6,12 @@ as a SourceDescription."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 SourceKind = Literal["nvml", "simulated", "replay", "driven"]
 
 
-@dataclass(frozen=True)
-class AttributionSpec:
+class AttributionSpec(NamedTuple):
     """Where the job holding each GPU is read from (gpumon.collect.sources.jobs); the pipeline's default."""
 
     jobs_dir: str | None = "/run/gpumon/jobs"
@@ -24,8 +22,7 @@ class AttributionSpec:
     kubelet_refresh_s: float = 10.0
 
 
-@dataclass(frozen=True)
-class SourceSpec:
+class SourceSpec(NamedTuple):
     kind: SourceKind = "nvml"
     scenarios: tuple[str, ...] = ()
     """For `simulated`: the scenario names, cycled over the GPUs."""
@@ -72,8 +69,7 @@ class SourceSpec:
         return self.kind in ("nvml", "driven")
 
 
-@dataclass(frozen=True)
-class SourceDescription:
+class SourceDescription(NamedTuple):
     """What is (or was) sampled. Trace headers and the state API carry it as JSON (`to_json`, the
     same keys as ever); a trace's header is read back with `from_json`, which keeps what it cannot
     type (a newer or edited trace) as `extra` instead of failing."""

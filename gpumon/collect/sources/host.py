@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.core.model import HostSample, ProcessCpu
 from gpumon.core.problems import Problems
@@ -33,8 +33,7 @@ def load_psutil() -> ModuleType:
     return psutil  # type: ignore[no-any-return]  # untyped: seen as Any
 
 
-@dataclass(frozen=True, slots=True)
-class CpuRatios:
+class CpuRatios(NamedTuple):
     cpu_ratio: float
     busiest_core_ratio: float
     iowait_ratio: float | None
@@ -96,7 +95,7 @@ YOUNG_TREE_S = 30.0
 it is rescanned every tick until workers show up."""
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class _Counts:
     """Cumulative counters of one process, as last read (None: not available)."""
 
@@ -106,7 +105,7 @@ class _Counts:
     blkio_s: float | None
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class _Tree:
     proc: Any
     name: str

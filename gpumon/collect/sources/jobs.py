@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpumon.core.files import read_regular
 from gpumon.core.model import AttributionStatus, GpuSample, JobRef
@@ -73,8 +73,7 @@ RESCAN_S = 30.0
 ALIVE_CHECK_S = 10.0
 
 
-@dataclass(frozen=True)
-class MappedJob:
+class MappedJob(NamedTuple):
     gpu_index: int
     gpu_uuid: str | None
     ref: JobRef
@@ -152,7 +151,7 @@ def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
     return None
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class _Cached:
     mtime_ns: int
     job: MappedJob | None
@@ -161,7 +160,7 @@ class _Cached:
     """Why the job is over (its epilog missed), once seen: then it is not named."""
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class JobSource:
     """Maps GPUs to the jobs holding them; `poll` returns the GPUs with their `jobs` filled in."""
 

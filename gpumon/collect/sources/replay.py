@@ -9,7 +9,6 @@ the sampler's clock's business: real time, scaled, or a virtual clock for as fas
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 
 from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.trace.reader import Trace
@@ -67,7 +66,7 @@ class ReplaySource:
         if abs(shift) < 1e-6 and len(taken) == 1:  # on the recording's own clock already (analyze)
             self._host = newest.host
             return list(newest.gpus)
-        self._host = replace(newest.host, t_s=newest.host.t_s + shift) if newest.host else None
+        self._host = newest.host._replace(t_s=newest.host.t_s + shift) if newest.host else None
         history: dict[int, list[UtilPoint]] = {}
         for tick in taken:
             for g in tick.gpus:

@@ -11,7 +11,7 @@ from gpumon.collect.sources.nvml.samples import SampleClockAligner
 from gpumon.core.model import UtilPoint
 
 
-@dataclass
+@dataclass(eq=False)  # state, not a value: equal only to itself
 class GpuState:
     index: int = -1
     handle: Any = None
