@@ -66,3 +66,57 @@ def test_the_daemon_trims_once_per_period_of_real_time() -> None:
     finally:
         memory.trim = real  # type: ignore[assignment]
     assert calls == [600.0, 1200.0, 1800.0]
+
+
+SERVE_AND_LOOK = """
+import gc, os, sys, threading, time, urllib.request
+port = int(sys.argv[1])
+during = []
+
+def look():
+    while True:
+        during.append(gc.isenabled())
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            break
+        except OSError:  # not listening yet, or 503 "starting": no sample yet
+            time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while not gc.isenabled() and time.monotonic() < deadline:  # the main thread's next look
+        time.sleep(0.05)
+    print(gc.isenabled(), gc.get_freeze_count())
+    sys.stdout.flush()
+    os._exit(0)
+
+sys.argv = ["gpumon", "serve", "--simulate", "healthy", "--listen", f"127.0.0.1:{port}"]
+from gpumon.cli import main
+threading.Thread(target=look, daemon=True).start()
+main()
+"""
+
+
+def test_serve_starts_without_the_collector_and_freezes_what_the_start_made() -> None:
+    """`gpumon serve` stops the cyclic collector while it imports and starts (it would scan the
+    start's 30,000 lasting objects again and again), and once the first sample is out it runs
+    again, with those objects frozen out of its scans: never left off."""
+    from .conftest import free_port
+
+    out = subprocess.run(
+        [sys.executable, "-c", SERVE_AND_LOOK, str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    enabled, frozen = out.stdout.split()
+    assert enabled == "True", out.stderr
+    assert int(frozen) > 10_000, frozen
+
+
+def test_settle_without_hold_leaves_the_collector_alone() -> None:
+    """Outside `gpumon serve` (a test, an embedding) nothing is frozen or turned on."""
+    import gc
+
+    before = gc.get_freeze_count()
+    assert memory.settle() is False
+    assert gc.get_freeze_count() == before and gc.isenabled()

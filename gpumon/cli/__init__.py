@@ -117,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpumon.serve.signals import block_signals
 
         block_signals()
+        from gpumon.core import memory
+
+        memory.hold_collector()  # until the first sample is out (gpumon.core.memory)
         from gpumon.cli.app import main as run
 
         return run(args)

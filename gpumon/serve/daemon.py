@@ -12,6 +12,7 @@ wedged sampler or a hung driver gets the service restarted), RELOADING and STOPP
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.collect.pipeline import Pipeline
 from gpumon.collect.pipeline.sources import OpenedSources
@@ -33,7 +34,6 @@ from gpumon.core.threads import named_thread
 from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, StarvationDetector, Verdict
 from gpumon.serve import health
-from gpumon.serve.analysis_api import AnalysisApi
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
 from gpumon.serve.landing import landing_page
@@ -45,6 +45,9 @@ from gpumon.serve.verdict_log import VerdictLog
 from gpumon.serve.webconfig import load_web_config
 from gpumon.trace.recorder import Recorder, unix_offset_of
 from gpumon.trace.segments import default_directory
+
+if TYPE_CHECKING:
+    from gpumon.serve.analysis_api import AnalysisApi, Answer
 
 log = logging.getLogger("gpumon")
 
@@ -93,13 +96,6 @@ class Daemon:
         th = cfg.thresholds
         self.recent = (
             VerdictLog(cfg.interval_s, th.window_s + th.confirm_s) if self.recorder is not None else None
-        )
-        self.analysis = AnalysisApi(
-            self.recorder.directory if self.recorder is not None else None,
-            lambda: self.cfg,
-            recent=self.recent,
-            header=lambda: {"source": self.sources.description.to_json(), "interval_s": self.cfg.interval_s},
-            now=lambda: self.clock.now() + self._unix_offset(),
         )
         self.freshness = health.NvmlFreshness(self.pipeline.spec.real_gpus, self.clock.now())
         self._ready = threading.Event()
@@ -197,6 +193,23 @@ class Daemon:
 
     # -- what is served --------------------------------------------------------------------------
 
+    @functools.cached_property
+    def analysis(self) -> AnalysisApi:
+        """The range API (gpumon.serve.analysis_api), made and imported at its first request:
+        nothing of it is needed for the first sample."""
+        from gpumon.serve.analysis_api import AnalysisApi
+
+        return AnalysisApi(
+            self.recorder.directory if self.recorder is not None else None,
+            lambda: self.cfg,
+            recent=self.recent,
+            header=lambda: {"source": self.sources.description.to_json(), "interval_s": self.cfg.interval_s},
+            now=lambda: self.clock.now() + self._unix_offset(),
+        )
+
+    async def _analysis(self, query: str) -> Answer:
+        return await self.analysis.answer(query)
+
     def nvml_trouble(self, now: float) -> tuple[str | None, str]:
         return self.freshness.trouble(
             now, self.cfg.nvml_stale_s, self.sampler.stats.get(self.sources.gpu.name)
@@ -250,7 +263,7 @@ class Daemon:
     def start_http_only(self) -> int:
         """Serve what is already sampled; `start` adds the sampling thread (tests tick by hand)."""
         routes = Routes(
-            self.render_metrics, self.state, self.health, self.landing, self.render_pcp, self.analysis.answer
+            self.render_metrics, self.state, self.health, self.landing, self.render_pcp, self._analysis
         )
         self.web = WebServer(
             self.cfg.host_port,
@@ -346,6 +359,7 @@ def run_forever(daemon: Daemon) -> int:
     while not daemon.stop_event.is_set():
         if waiting and (daemon.ready or time.monotonic() >= patience):
             waiting = False
+            memory.settle()  # the collector, held while the daemon started, runs again
             if not daemon.ready:
                 log.warning("no sample yet after start: serving anyway")
         if waiting:
