@@ -102,12 +102,20 @@ class _Open:
     """(duty, evidence) of the lowest-duty settled window: the steady part's worst."""
     fallback: tuple[float, Evidence] | None = None
     """The lowest-duty agreeing window anywhere in the episode (for episodes too short to settle)."""
+    _fallback_dict: tuple[Evidence, dict[str, Any]] | None = None
+    """`fallback`'s evidence as a dict, made once per fallback (the open episode is published on
+    every tick: its dict was made anew for each GPU on each one)."""
 
     @property
     def worst(self) -> dict[str, Any] | None:
         if self.settled is not None:
             return self.settled[1]
-        return self.fallback[1].as_dict() if self.fallback is not None else None
+        if self.fallback is None:
+            return None
+        ev = self.fallback[1]
+        if self._fallback_dict is None or self._fallback_dict[0] is not ev:
+            self._fallback_dict = (ev, ev.as_dict())
+        return self._fallback_dict[1]
 
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
