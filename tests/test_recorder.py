@@ -366,3 +366,38 @@ def test_a_segment_synced_after_every_tick_by_the_previous_recorder_still_reads(
         w.close(w.last_t_s, "duration")
     assert [len(read_trace(w.path).ticks) for w in (old, new)] == [30, 30]
     assert os.path.getsize(new.path) < os.path.getsize(old.path)
+
+
+def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path: Path) -> None:
+    """The daemon's recorder takes no tick (and opens no segment) until its `hold` is set (the
+    first sample published): the first segment's opening never competes with the first sample.
+    The ticks that came meanwhile wait in the queue and are all written after it."""
+    opened = threading.Event()
+
+    def watched(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
+        opened.set()
+        return TraceWriterV2(path, header, origin_s=origin)
+
+    hold = threading.Event()
+    clock = VirtualClock()
+    problems = Problems(logging.getLogger("test"))
+    fleet = Fleet(parse_scenarios("starved-cpu"), None, 0, clock)
+    pipeline = Pipeline(
+        SourceSpec("simulated", scenarios=("starved-cpu",)),
+        clock,
+        sources=simulated(fleet, {"kind": "simulated"}, problems),
+        problems=problems,
+        attribution=None,
+    )
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, open_writer=watched, hold=hold)
+    rec.start()
+    pipeline.on_tick(rec.submit)
+    pipeline.run(5)
+    assert not opened.wait(0.5), "a segment was opened before the first sample was out"
+    hold.set()
+    rec.flush()
+    assert opened.is_set()
+    rec.close()
+    pipeline.close()
+    (segment,) = list_segments(str(tmp_path))
+    assert [round(t.t_s) for t in read_trace(segment.path).ticks] == [1, 2, 3, 4, 5]

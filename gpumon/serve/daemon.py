@@ -87,6 +87,7 @@ class Daemon:
         self.detector = self.pipeline.detector
         self.sources = self.pipeline.sources
         self._unix_offset = unix_offset_of(self.clock, isinstance(self.clock, MonotonicClock))
+        self._ready = threading.Event()
         self.recorder = self._recorder(cfg)
         if self.recorder is not None:
             self.pipeline.on_tick(self.recorder.submit)
@@ -98,7 +99,6 @@ class Daemon:
             VerdictLog(cfg.interval_s, th.window_s + th.confirm_s) if self.recorder is not None else None
         )
         self.freshness = health.NvmlFreshness(self.pipeline.spec.real_gpus, self.clock.now())
-        self._ready = threading.Event()
         self.web: WebServer | None = None
         self._sampler_thread: threading.Thread | None = None
         self.failed = False
@@ -127,6 +127,7 @@ class Daemon:
             max_age_s=cfg.record_max_age_s,
             max_bytes=cfg.record_max_bytes,
             block=not real_time,  # a simulation at full speed waits for the disk, losing nothing
+            hold=self._ready,  # it starts writing once the first sample is out
         )
 
     # -- publishing ----------------------------------------------------------------------------

@@ -33,7 +33,6 @@ import binascii
 import collections
 import functools
 import gzip
-import json
 import logging
 import os
 import resource
@@ -678,6 +677,8 @@ class WebServer:
         if path == "/metrics/pcp" and routes.pcp is not None:
             return Response(200, routes.pcp(), "text/plain; charset=utf-8"), False
         if path == "/api/v1/state":
+            import json  # loaded at the state API's first request, not before the first sample
+
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
         if path == "/api/v1/analysis" and routes.analysis is not None:
             query = request.target.decode("latin-1").partition("?")[2]

@@ -29,14 +29,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumon.core.errors import OutputError
 from gpumon.core.model import Tick
 from gpumon.core.threads import named_thread
-from gpumon.trace.records import make_header
 from gpumon.trace.segments import list_segments, segment_name
-from gpumon.trace.writer import TraceWriterV2
+
+if TYPE_CHECKING:
+    from gpumon.trace.writer import TraceWriterV2
 
 log = logging.getLogger("gpumon")
 
@@ -47,6 +48,9 @@ SYNC_EVERY_S = 5.0
 """The ticks are handed to the OS (decodable) every 5 s of their own time, and after 5 s without a
 tick, not after each one: a deflate block per tick made a GPU-day 30% larger (docs/recorder.md). So
 a kill -9 loses at most the last 5 s of ticks; fsync follows every 5 s (a power cut: 10 s)."""
+HOLD_MAX_S = 2.0
+"""The longest the recorder's thread waits for `hold` (the daemon's first sample published) before
+it takes its first tick: see Recorder."""
 _SYNC = object()
 """Put in the queue by `flush`: the ticks before it go to the OS now."""
 
@@ -80,9 +84,14 @@ class Recorder:
         block: bool = False,
         queue_ticks: int = QUEUE_TICKS,
         open_writer: Callable[[str, dict[str, Any], float], TraceWriterV2] | None = None,
+        hold: threading.Event | None = None,
     ) -> None:
         """`unix_offset()`: add to a tick's t_s for Unix time. `block`: wait for room in the queue
-        instead of dropping a tick (a simulation at full speed, where nothing is real-time)."""
+        instead of dropping a tick (a simulation at full speed, where nothing is real-time).
+        `hold`: the thread takes its first tick once this is set (or after HOLD_MAX_S): the daemon's
+        first sample is published first, the writer and its encoders (json, gzip) imported after
+        it, and the first segment's opening never competes with it for the interpreter. Ticks
+        wait in the queue meanwhile: none is lost."""
         self.directory = directory
         self._source = source
         self._interval_s = interval_s
@@ -91,11 +100,8 @@ class Recorder:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self._block = block
-        self._open_writer = open_writer or (
-            lambda path, header, origin: TraceWriterV2(
-                path, header, origin_s=origin, sync_every_s=SYNC_EVERY_S
-            )
-        )
+        self._open_writer = open_writer or _open_segment_file
+        self._hold = hold
         self._queue: queue.Queue[Tick | object | None] = queue.Queue(maxsize=queue_ticks)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -154,6 +160,8 @@ class Recorder:
     # -- the recorder's thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._hold is not None:
+            self._hold.wait(HOLD_MAX_S)
         while True:
             try:
                 item = self._queue.get(timeout=SYNC_EVERY_S)
@@ -262,6 +270,8 @@ class Recorder:
             raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
         self._made_directory = True
         origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
+        from gpumon.trace.records import make_header
+
         header = make_header(self._source, self._interval_s)
         header["started_unix_s"] = round(unix - self._interval_s, 6)
         n = 0
@@ -366,3 +376,10 @@ def unix_offset_of(clock: Any, real_time: bool) -> Callable[[], float]:
         return lambda: time.time() - clock.now()
     fixed = time.time() - clock.now()
     return lambda: fixed
+
+
+def _open_segment_file(path: str, header: dict[str, Any], origin_s: float) -> TraceWriterV2:
+    """A segment's writer (imported with its encoders when the first segment opens)."""
+    from gpumon.trace.writer import TraceWriterV2
+
+    return TraceWriterV2(path, header, origin_s=origin_s, sync_every_s=SYNC_EVERY_S)
