@@ -64,6 +64,11 @@ HEAVY = {
     "statistics": "medians of an episode's windows: fractions and decimal, ~4 ms, not at start",
     "http": "HTTPStatus's table of reasons: only for a response that is not 200",
     "html": "escaping for the landing page: only when someone opens it",
+    "json": "the state API's encoder: loaded by its first request",
+    "hashlib": "basic auth's credential cache: only where users are configured",
+    "gpumon.serve.analysis_api": "the range API: made by its first request",
+    "gpumon.trace.writer": "the recorder's encoders (json, gzip): loaded after the first sample",
+    "gpumon.trace.records": "the recorder's header: made after the first sample",
 }
 """Modules imported inside functions: optional or heavy, so loaded only where they are needed
 (each such import says why in a comment). gpumon/cli/ is the other exception: a command's modules

@@ -198,7 +198,7 @@ class Daemon:
     def analysis(self) -> AnalysisApi:
         """The range API (gpumon.serve.analysis_api), made and imported at its first request:
         nothing of it is needed for the first sample."""
-        from gpumon.serve.analysis_api import AnalysisApi
+        from gpumon.serve.analysis_api import AnalysisApi  # not needed for the first sample
 
         return AnalysisApi(
             self.recorder.directory if self.recorder is not None else None,

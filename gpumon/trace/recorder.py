@@ -270,7 +270,7 @@ class Recorder:
             raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
         self._made_directory = True
         origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
-        from gpumon.trace.records import make_header
+        from gpumon.trace.records import make_header  # after the first sample (see `hold`)
 
         header = make_header(self._source, self._interval_s)
         header["started_unix_s"] = round(unix - self._interval_s, 6)
@@ -380,6 +380,6 @@ def unix_offset_of(clock: Any, real_time: bool) -> Callable[[], float]:
 
 def _open_segment_file(path: str, header: dict[str, Any], origin_s: float) -> TraceWriterV2:
     """A segment's writer (imported with its encoders when the first segment opens)."""
-    from gpumon.trace.writer import TraceWriterV2
+    from gpumon.trace.writer import TraceWriterV2  # with json and gzip: after the first sample
 
     return TraceWriterV2(path, header, origin_s=origin_s, sync_every_s=SYNC_EVERY_S)
