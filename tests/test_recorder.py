@@ -369,16 +369,15 @@ def test_a_segment_synced_after_every_tick_by_the_previous_recorder_still_reads(
 
 
 def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path: Path) -> None:
-    """The daemon's recorder takes no tick (and opens no segment) until its `hold` is set (the
-    first sample published): the first segment's opening never competes with the first sample.
-    The ticks that came meanwhile wait in the queue and are all written after it."""
+    """The daemon's recorder takes no tick (and opens no segment) until it is released (the first
+    sample published): the first segment's opening never competes with the first sample. The
+    ticks that came meanwhile wait in the queue and are all written after it."""
     opened = threading.Event()
 
     def watched(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
         opened.set()
         return TraceWriterV2(path, header, origin_s=origin)
 
-    hold = threading.Event()
     clock = VirtualClock()
     problems = Problems(logging.getLogger("test"))
     fleet = Fleet(parse_scenarios("starved-cpu"), None, 0, clock)
@@ -389,15 +388,27 @@ def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path:
         problems=problems,
         attribution=None,
     )
-    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, open_writer=watched, hold=hold)
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, open_writer=watched, held=True)
     rec.start()
     pipeline.on_tick(rec.submit)
     pipeline.run(5)
     assert not opened.wait(0.5), "a segment was opened before the first sample was out"
-    hold.set()
+    rec.release()
     rec.flush()
     assert opened.is_set()
     rec.close()
     pipeline.close()
     (segment,) = list_segments(str(tmp_path))
     assert [round(t.t_s) for t in read_trace(segment.path).ticks] == [1, 2, 3, 4, 5]
+
+
+def test_a_stop_before_the_first_sample_does_not_wait_for_it(tmp_path: Path) -> None:
+    """A daemon stopped while its driver still opens (no sample, the recorder still held) stops at
+    once: the recorder's thread ends without waiting out its hold."""
+    rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, held=True)
+    rec.start()
+    thread = rec._thread
+    assert thread is not None
+    rec.close(timeout_s=0.5)
+    assert not thread.is_alive()
+    assert list_segments(str(tmp_path)) == []

@@ -13,7 +13,8 @@ that live as long as the process (modules, classes, functions), and the collecto
 again and again as they came (about 50 young and 5 middle collections, some 6 ms of a 110 ms start,
 benchmarks.serve_idle). `hold_collector` stops it before the imports; `settle`, once the first
 sample is out, freezes what the start made (gc.freeze: never scanned again, which the later full
-collections also save) and starts it again.
+collections also save) and starts it again, after one full collection of what the start left as
+garbage: at the first sample, or HOLD_COLLECTOR_MAX_S after the start if none has come by then.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import ctypes
 import gc
 from typing import Any
 
+HOLD_COLLECTOR_MAX_S = 10.0
+"""The collector is back this long after the start at the latest, sample or not (a driver that
+takes a minute to open: the HTTP server answers meanwhile, and its requests' cycles must go)."""
 _HELD: list[bool] = []
 """Whether hold_collector stopped the collector (and settle has not started it again)."""
 
@@ -72,6 +76,7 @@ def settle() -> bool:
     if not _HELD:
         return False
     _HELD.clear()
+    gc.collect()  # the start's own garbage (and any requests' before the first sample) goes first
     gc.freeze()
     gc.enable()
     return True

@@ -127,7 +127,7 @@ class Daemon:
             max_age_s=cfg.record_max_age_s,
             max_bytes=cfg.record_max_bytes,
             block=not real_time,  # a simulation at full speed waits for the disk, losing nothing
-            hold=self._ready,  # it starts writing once the first sample is out
+            held=True,  # it starts writing once the first sample is out (_publish releases it)
         )
 
     # -- publishing ----------------------------------------------------------------------------
@@ -168,6 +168,8 @@ class Daemon:
             self.notifier.watchdog()  # from the sampling loop: a wedged sampler stops the pings
         if not self._ready.is_set():
             self._ready.set()
+            if self.recorder is not None:
+                self.recorder.release()
             # systemd hears READY with the first sample, however long the driver took to open (the
             # HTTP server is up already: start() starts it before the sampling thread)
             self.notifier.ready(f"sampling {len(tick.gpus)} GPU(s)")
@@ -356,11 +358,14 @@ def run_forever(daemon: Daemon) -> int:
     # signals are taken from the start, also while the driver opens (it may take a minute): a
     # SIGTERM then stops at once; if no sample has come by `patience`, say so once
     patience = time.monotonic() + max(30.0, 10 * daemon.cfg.interval_s)
-    waiting = True
+    collector_back = time.monotonic() + memory.HOLD_COLLECTOR_MAX_S
+    waiting = held = True
     while not daemon.stop_event.is_set():
+        if held and (daemon.ready or time.monotonic() >= collector_back):
+            held = False
+            memory.settle()  # the collector, held while the daemon started, runs again
         if waiting and (daemon.ready or time.monotonic() >= patience):
             waiting = False
-            memory.settle()  # the collector, held while the daemon started, runs again
             if not daemon.ready:
                 log.warning("no sample yet after start: serving anyway")
         if waiting:

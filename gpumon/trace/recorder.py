@@ -49,8 +49,8 @@ SYNC_EVERY_S = 5.0
 tick, not after each one: a deflate block per tick made a GPU-day 30% larger (docs/recorder.md). So
 a kill -9 loses at most the last 5 s of ticks; fsync follows every 5 s (a power cut: 10 s)."""
 HOLD_MAX_S = 2.0
-"""The longest the recorder's thread waits for `hold` (the daemon's first sample published) before
-it takes its first tick: see Recorder."""
+"""The longest a `held` recorder's thread waits for `release` (the daemon's first sample published)
+before it takes its first tick: see Recorder."""
 _SYNC = object()
 """Put in the queue by `flush`: the ticks before it go to the OS now."""
 
@@ -84,14 +84,14 @@ class Recorder:
         block: bool = False,
         queue_ticks: int = QUEUE_TICKS,
         open_writer: Callable[[str, dict[str, Any], float], TraceWriterV2] | None = None,
-        hold: threading.Event | None = None,
+        held: bool = False,
     ) -> None:
         """`unix_offset()`: add to a tick's t_s for Unix time. `block`: wait for room in the queue
         instead of dropping a tick (a simulation at full speed, where nothing is real-time).
-        `hold`: the thread takes its first tick once this is set (or after HOLD_MAX_S): the daemon's
-        first sample is published first, the writer and its encoders (json, gzip) imported after
-        it, and the first segment's opening never competes with it for the interpreter. Ticks
-        wait in the queue meanwhile: none is lost."""
+        `held`: the thread takes its first tick once `release` is called (or `close`, or after
+        HOLD_MAX_S): the daemon's first sample is published first, the writer and its encoders
+        (json, gzip) imported after it, and the first segment's opening never competes with it
+        for the interpreter. Ticks wait in the queue meanwhile: none is lost."""
         self.directory = directory
         self._source = source
         self._interval_s = interval_s
@@ -101,7 +101,9 @@ class Recorder:
         self.max_bytes = max_bytes
         self._block = block
         self._open_writer = open_writer or _open_segment_file
-        self._hold = hold
+        self._released = threading.Event()
+        if not held:
+            self._released.set()
         self._queue: queue.Queue[Tick | object | None] = queue.Queue(maxsize=queue_ticks)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -142,8 +144,13 @@ class Recorder:
         self._queue.put(_SYNC)
         self._queue.join()
 
+    def release(self) -> None:
+        """A `held` recorder takes its ticks from now on."""
+        self._released.set()
+
     def close(self, timeout_s: float = 2.0) -> None:
         """Write what is queued, end the segment cleanly, stop the thread."""
+        self._released.set()  # a stop before the first sample: no wait for it
         if self._thread is None:
             return
         try:
@@ -160,8 +167,7 @@ class Recorder:
     # -- the recorder's thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self._hold is not None:
-            self._hold.wait(HOLD_MAX_S)
+        self._released.wait(HOLD_MAX_S)
         while True:
             try:
                 item = self._queue.get(timeout=SYNC_EVERY_S)
@@ -270,7 +276,7 @@ class Recorder:
             raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
         self._made_directory = True
         origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
-        from gpumon.trace.records import make_header  # after the first sample (see `hold`)
+        from gpumon.trace.records import make_header  # after the first sample (see `held`)
 
         header = make_header(self._source, self._interval_s)
         header["started_unix_s"] = round(unix - self._interval_s, 6)
