@@ -46,11 +46,15 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import keras
 import numpy as np
 
+from gpumon.bench.exit_guard import leave_even_if_stuck
+
 IMAGE = (32, 32, 3)
 FILES = 8
 """Files the starved-io pipeline cycles through."""
 CLASSES = 10
 TRUTH_WINDOW_S = 5.0
+EXIT_GRACE_S = 30.0
+"""How long the job's process may take to exit once its results are in (gpumon.bench.exit_guard)."""
 DEFAULT_WORKERS = {"fed": 2, "jpeg": 2, "starved-cpu": 1, "starved-io": 1}
 """Loader worker processes per pipeline when --workers is not given: the starved pipelines starve
 with one (a pinned core, one reader), as issue 7's figures were measured."""
@@ -504,6 +508,7 @@ def run(opts: BenchOptions) -> dict[str, float]:
             tmp.cleanup()
     if opts.save:
         template.save(opts.save)
+    leave_even_if_stuck(EXIT_GRACE_S)
     return {
         "steps": timer.steps,
         "seconds": time.monotonic() - start,
