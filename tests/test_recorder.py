@@ -36,6 +36,20 @@ EPOCH = datetime.datetime(2026, 11, 29, 22, 0, 0, tzinfo=datetime.UTC).timestamp
 """The recorder's wall clock at the simulation's time 0: 22:00 UTC, 'last night'."""
 
 
+def simulated_pipeline(scenarios: str) -> Pipeline:
+    """A simulated fleet's pipeline on a virtual clock (one GPU per scenario)."""
+    clock = VirtualClock()
+    problems = Problems(logging.getLogger("test"))
+    fleet = Fleet(parse_scenarios(scenarios), None, 0, clock)
+    return Pipeline(
+        SourceSpec("simulated", scenarios=tuple(scenarios.split(","))),
+        clock,
+        sources=simulated(fleet, {"kind": "simulated", "scenarios": scenarios.split(",")}, problems),
+        problems=problems,
+        attribution=None,
+    )
+
+
 def run(
     directory: Path,
     seconds: float,
@@ -45,16 +59,7 @@ def run(
     **recorder_kw: Any,
 ) -> Recorder:
     """A simulated fleet sampled for `seconds` on a virtual clock, recorded into `directory`."""
-    clock = VirtualClock()
-    problems = Problems(logging.getLogger("test"))
-    fleet = Fleet(parse_scenarios(scenarios), None, 0, clock)
-    pipeline = Pipeline(
-        SourceSpec("simulated", scenarios=tuple(scenarios.split(","))),
-        clock,
-        sources=simulated(fleet, {"kind": "simulated", "scenarios": scenarios.split(",")}, problems),
-        problems=problems,
-        attribution=None,
-    )
+    pipeline = simulated_pipeline(scenarios)
     description = {"kind": "simulated", "scenarios": scenarios.split(","), "gpus": len(scenarios.split(","))}
     rec = Recorder(str(directory), description, 1.0, lambda: EPOCH, block=True, **recorder_kw)
     rec.start()
@@ -159,16 +164,7 @@ def test_a_full_disk_pauses_recording_says_so_once_and_resumes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     disk = _FlakyDisk()
-    clock = VirtualClock()
-    problems = Problems(logging.getLogger("test"))
-    fleet = Fleet(parse_scenarios("healthy"), None, 0, clock)
-    pipeline = Pipeline(
-        SourceSpec("simulated", scenarios=("healthy",)),
-        clock,
-        sources=simulated(fleet, {"kind": "simulated"}, problems),
-        problems=problems,
-        attribution=None,
-    )
+    pipeline = simulated_pipeline("healthy")
     rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, block=True, open_writer=disk)
     rec.start()
     pipeline.on_tick(rec.submit)
@@ -378,16 +374,7 @@ def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path:
         opened.set()
         return TraceWriterV2(path, header, origin_s=origin)
 
-    clock = VirtualClock()
-    problems = Problems(logging.getLogger("test"))
-    fleet = Fleet(parse_scenarios("starved-cpu"), None, 0, clock)
-    pipeline = Pipeline(
-        SourceSpec("simulated", scenarios=("starved-cpu",)),
-        clock,
-        sources=simulated(fleet, {"kind": "simulated"}, problems),
-        problems=problems,
-        attribution=None,
-    )
+    pipeline = simulated_pipeline("starved-cpu")
     rec = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, open_writer=watched, held=True)
     rec.start()
     pipeline.on_tick(rec.submit)

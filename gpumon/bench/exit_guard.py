@@ -3,8 +3,8 @@ the loader pool that can deadlock the interpreter's exit; this module imports ne
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import signal
 import sys
 import threading
 import time
@@ -23,11 +23,8 @@ def leave_even_if_stuck(grace_s: float, code: int = 0) -> threading.Thread:
 
     def force() -> None:
         time.sleep(grace_s)
-        for pid in _children(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for child in multiprocessing.active_children():  # the loader pool's workers
+            child.kill()
         sys.stderr.write(
             f"gpumon bench: still running {grace_s:g} s after training (the loader's pool hung at "
             "exit): its loader processes killed, exiting\n"
@@ -38,24 +35,3 @@ def leave_even_if_stuck(grace_s: float, code: int = 0) -> threading.Thread:
     t = threading.Thread(target=force, name="gpumon-bench-exit", daemon=True)
     t.start()
     return t
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc; none where there is no /proc)."""
-    out: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read(4096)
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()  # after the command name, which may hold spaces
-        if len(fields) > 1 and int(fields[1]) == pid:
-            out.append(int(name))
-    return out

@@ -100,22 +100,16 @@ class _Open:
     """Agreeing windows whole inside the episode, not yet a window older than the last agreeing one."""
     settled: tuple[float, dict[str, Any]] | None = None
     """(duty, evidence) of the lowest-duty settled window: the steady part's worst."""
-    fallback: tuple[float, Evidence] | None = None
-    """The lowest-duty agreeing window anywhere in the episode (for episodes too short to settle)."""
-    _fallback_dict: tuple[Evidence, dict[str, Any]] | None = None
-    """`fallback`'s evidence as a dict, made once per fallback (the open episode is published on
-    every tick: its dict was made anew for each GPU on each one)."""
+    fallback: tuple[float, dict[str, Any]] | None = None
+    """(duty, evidence) of the lowest-duty agreeing window anywhere in the episode (for episodes
+    too short to settle); the evidence made a dict once, when found, not each time it is read (the
+    open episode is published on every tick)."""
 
     @property
     def worst(self) -> dict[str, Any] | None:
         if self.settled is not None:
             return self.settled[1]
-        if self.fallback is None:
-            return None
-        ev = self.fallback[1]
-        if self._fallback_dict is None or self._fallback_dict[0] is not ev:
-            self._fallback_dict = (ev, ev.as_dict())
-        return self._fallback_dict[1]
+        return self.fallback[1] if self.fallback is not None else None
 
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
@@ -316,7 +310,7 @@ class StarvationDetector:
             return  # a window that says something else (a teardown, a start-up): never the evidence
         window = self.thresholds.window_s
         if op.fallback is None or duty < op.fallback[0]:
-            op.fallback = (duty, ev)
+            op.fallback = (duty, ev.as_dict())
         if t - window >= op.start_s - 1e-9:
             op.recent.append((t, duty, ev))
         while op.recent and op.recent[0][0] <= t - window + 1e-9:
