@@ -9,7 +9,7 @@ from gpumon.core.model import GpuProcess, GpuSample, HostSample, ProcessCpu, Uti
 from gpumon.detect.classify import classify
 from gpumon.detect.evidence import Evidence, GpuWindow, gather
 from gpumon.detect.thresholds import Thresholds
-from gpumon.detect.tracker import MAX_EPISODES_KEPT, StarvationDetector, waste_share
+from gpumon.detect.tracker import MAX_CAUSES_KEPT, MAX_EPISODES_KEPT, StarvationDetector, waste_share
 
 TH = Thresholds()
 
@@ -538,6 +538,36 @@ def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_epis
     assert starved.label == "starved-cpu"
     assert [c for _, c in starved.causes] == [starved.causes[0][1], "cpu"]
     assert starved.causes[-1][0] == 15.0
+
+
+def test_an_episode_whose_cause_swings_for_days_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One starved episode whose cause swings between cpu and io (each held past confirmation) for
+    a long time: the episode keeps how it began and its latest changes, not every change (found
+    in a soak: an open episode's changes grew by ~450 an hour on 8 GPUs, each copied every tick),
+    and it is still named for the cause that held longest."""
+    from gpumon.detect import tracker
+    from gpumon.detect.classify import Classification
+
+    swings = 3 * MAX_CAUSES_KEPT
+    # io for 5 s, then cpu for 4 s, again and again: io holds longest
+    script = ["starved-io"] * 5 + (["starved-cpu"] * 4 + ["starved-io"] * 5) * swings
+
+    def scripted(ev: Evidence, th: Thresholds, *a: object, **k: object) -> Classification:
+        state, _, cause = scripted.labels.pop(0).partition("-")
+        return Classification(state, cause or None, 1.0, f"scripted {state}")
+
+    scripted.labels = list(script)  # type: ignore[attr-defined]
+    monkeypatch.setattr(tracker, "classify", scripted)
+    det = StarvationDetector(Thresholds(confirm_s=2.0))
+    verdicts = feed_constant(det, [0.5] * len(script))
+    assert {v.label for v in verdicts[-9:]} == {"starved-cpu", "starved-io"}, "the cause really swings"
+    (starved,) = [e for e in det.close(float(len(script))) if e.label.startswith("starved")]
+    assert len(starved.causes) == MAX_CAUSES_KEPT
+    assert starved.causes[0] == (1.0, "io"), "how the episode began is kept"
+    assert starved.causes[-1][0] == float(len(script) - 4), "the latest change is kept"
+    times = [t for t, _ in starved.causes]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert starved.cause == "io"
 
 
 # -- sync-stall from a starved peer of the same job (issue 25.4) ---------------------------------------

@@ -14,6 +14,10 @@ from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 
 MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU (a long-running daemon stays bounded; totals are kept)."""
+MAX_CAUSES_KEPT = 32
+"""Cause changes remembered per episode: its first cause and the latest changes. A starved episode
+can last days while its cause swings between cpu and io every few minutes; every change kept, it
+grew without end, and so did each tick's copy of it (its seconds per cause are kept whole)."""
 
 
 class Episode(NamedTuple):
@@ -212,6 +216,8 @@ class StarvationDetector:
                 self._cause_candidate, self._cause_since = raw.cause, t
             elif t - self._cause_since >= th.confirm_s - 1e-9:
                 op.cause, op.reason = raw.cause, raw.reason
+                if len(op.causes) >= MAX_CAUSES_KEPT:
+                    del op.causes[1]  # the first cause stays: how the episode began
                 op.causes.append((self._cause_since, raw.cause))
                 self._cause_candidate = None
         else:
