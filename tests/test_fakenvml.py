@@ -71,6 +71,29 @@ def test_the_real_pynvml_loads_the_stand_in(library: Path, tmp_path: Path) -> No
     assert lines[3] == "True [40100]"
 
 
+def test_the_stand_ins_samples_cross_its_timelines_loop_without_a_gap(library: Path, tmp_path: Path) -> None:
+    """The looping timeline's ring, read as a driver's: the samples since the last seen one, across
+    the loop's end, every one once, in order, none missing (each lap's range is found by binary
+    search; a scan of the whole timeline made a call cost what two laps hold)."""
+    config = driver.simulated_config(tmp_path, "starved-cpu", seconds=60)
+    code = textwrap.dedent("""
+        import os, pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        _, before = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        last = before[-1].timeStamp
+        os.environ["FAKENVML_NOW_US"] = "61500000"  # 2.5 s later, 1.5 s into the next lap
+        _, after = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last)
+        ts = [last] + [s.timeStamp for s in after]
+        print(len(after), max(b - a for a, b in zip(ts, ts[1:])), min(b - a for a, b in zip(ts, ts[1:])))
+    """)
+    p = run([sys.executable, "-c", code], driver.environment(config, FAKENVML_NOW_US="59000000"))
+    assert p.returncode == 0, p.stderr
+    count, widest, narrowest = (int(v) for v in p.stdout.split())
+    assert 14 <= count <= 16, "2.5 s of samples at 1/6 s: the old lap's last and the new lap's first"
+    assert widest <= 200_000 and narrowest > 0, "none missing across the loop, none twice"
+
+
 # -- peers: gpustat and nvitop see what gpumon sees ---------------------------------------------------
 
 

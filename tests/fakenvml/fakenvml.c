@@ -423,28 +423,46 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long l
     const gpu_t *g = &gpus[d->index];
     unsigned long long t = now_us(), span = timeline_len + 1;
     unsigned long long lap = (loop_timeline && timeline_len) ? t / span : 0;
-    /* candidates: this lap and the one before, so a loop boundary loses nothing */
-    static __thread nvmlSample_t found[2 * BUFFER_SAMPLES];
-    unsigned int n = 0;
-    for (long long l = (long long)lap - 1; l <= (long long)lap; l++) {
-        if (l < 0) continue;
-        for (size_t k = 0; k < g->ns; k++) {
-            unsigned long long abs_t = (unsigned long long)l * (loop_timeline ? span : 0) + g->s[k].t;
-            if (abs_t > t) break;
-            unsigned long long ts = BOOT_US + abs_t;
-            if (ts <= lastSeen) continue;
-            if (n == 2 * BUFFER_SAMPLES) { memmove(found, found + 1, (n - 1) * sizeof *found); n--; }
-            found[n].timeStamp = ts; found[n].sampleValue.uiVal = g->s[k].v; n++;
+    /* candidates: this lap and the one before, so a loop boundary loses nothing; each lap's range
+       found by binary search, as a driver reads its ring of recent samples, never the whole past
+       (a scan of the scripted timeline made every call cost what two laps of it hold) */
+    static __thread nvmlSample_t found[BUFFER_SAMPLES];
+    size_t from[2] = {0, 0}, to[2] = {0, 0};
+    unsigned long long base[2] = {0, 0};
+    size_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        long long l = (long long)lap - 1 + i;
+        if (l < 0) continue; /* (without a loop, lap is 0: only the timeline itself) */
+        base[i] = (unsigned long long)l * span;
+        /* to: the first sample after now; from: the first after lastSeen (and not after to) */
+        size_t lo = 0, hi = g->ns;
+        while (lo < hi) { size_t mid = (lo + hi) / 2; if (base[i] + g->s[mid].t <= t) lo = mid + 1; else hi = mid; }
+        to[i] = lo;
+        lo = 0; hi = to[i];
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (BOOT_US + base[i] + g->s[mid].t <= lastSeen) lo = mid + 1; else hi = mid;
         }
-        if (!loop_timeline) break;
+        from[i] = lo;
+        total += to[i] - from[i];
     }
-    unsigned int first = n > BUFFER_SAMPLES ? n - BUFFER_SAMPLES : 0;
-    n -= first;
+    /* the newest BUFFER_SAMPLES of them, oldest first */
+    size_t skip = total > BUFFER_SAMPLES ? total - BUFFER_SAMPLES : 0;
+    unsigned int n = 0;
+    for (int i = 0; i < 2; i++) {
+        size_t k = from[i];
+        size_t len = to[i] - from[i];
+        if (skip >= len) { skip -= len; continue; }
+        k += skip; skip = 0;
+        for (; k < to[i]; k++) {
+            found[n].timeStamp = BOOT_US + base[i] + g->s[k].t; found[n].sampleValue.uiVal = g->s[k].v; n++;
+        }
+    }
     if (n == 0) return NVML_ERROR_NOT_FOUND;
     if (valueType) *valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
     if (!samples) { *count = n; return NVML_SUCCESS; }
     if (*count < n) n = *count;
-    memcpy(samples, found + first, n * sizeof *samples);
+    memcpy(samples, found, n * sizeof *samples);
     *count = n;
     return NVML_SUCCESS;
 }
