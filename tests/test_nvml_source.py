@@ -11,6 +11,7 @@ import pytest
 from gpumon.collect.sources.nvml.samples import SampleClockAligner
 from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.core.errors import NoDriverError
+from gpumon.core.model import UtilPoint
 from gpumon.core.problems import Problems
 
 
@@ -121,8 +122,20 @@ def _source(fake: FakePynvml, caplog: pytest.LogCaptureFixture | None = None) ->
     return src
 
 
-def test_fields_are_read_in_base_units() -> None:
-    g = _source(FakePynvml()).poll(10.0)[0]
+@pytest.mark.parametrize("tick", ["first", "usual"])
+def test_fields_are_read_in_base_units(tick: str) -> None:
+    """Every field where it belongs, on the first tick (field by field) and the usual one (the fast
+    path): the sample is built positionally there, in GpuSample's field order."""
+    src = _source(FakePynvml())
+    g = src.poll(10.0)[0]
+    if tick == "usual":
+        g = src.poll(11.0)[0]
+    assert g.t_s == (10.0 if tick == "first" else 11.0) and g.index == 0
+    assert g.available is True and g.error is None
+    assert g.jobs == () and g.unattributed is None and g.mig is None and g.gpm is None
+    assert g.xids == () and g.last_xid is None
+    assert isinstance(g.util_history, tuple) and all(isinstance(p, UtilPoint) for p in g.util_history)
+    assert isinstance(g.clock_event_s, tuple)
     assert g.name == "NVIDIA H200" and g.uuid.startswith("GPU-00000000")
     assert g.util_ratio == pytest.approx(0.37)
     assert g.mem_util_ratio == pytest.approx(0.12)

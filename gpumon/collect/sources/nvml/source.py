@@ -58,6 +58,7 @@ def _text(value: Any) -> str:
 
 
 _UNREAD: Any = object()
+_new_tuple = tuple.__new__
 """Not read on the fast path (the careful one reads it)."""
 
 
@@ -329,27 +330,37 @@ class NvmlSource(MigReading, ClockReading):
             self._problems.clear_prefix(
                 f"nvml:gpu {index}:", keep={f"nvml:gpu {index}:{f}" for f in state.failing}
             )
-        return GpuSample(
-            t_s=t_s,
-            index=index,
-            uuid=state.uuid,
-            name=state.name,
-            util_ratio=None if util is None else _ratio(util.gpu),
-            mem_util_ratio=None if util is None else _ratio(util.memory),
-            mem_used_bytes=None if mem is None else int(mem.used),
-            mem_total_bytes=None if mem is None else int(mem.total),
-            power_w=None if power_mw is None else power_mw / 1000.0,
-            power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
-            temp_c=None if temp is None else float(temp),
-            pcie_rx_bytes_per_s=None if rx_kb is None else rx_kb * 1024.0,
-            pcie_tx_bytes_per_s=None if tx_kb is None else tx_kb * 1024.0,
-            processes=processes_of(procs),
-            util_history=history,
-            gpm=gpm,
-            clock_events=clock_bits,
-            clock_event_s=tuple(state.clock_s.items()) if state.clock_s else (),
-            xids=xids,
-            last_xid=last_xid,
+        # positionally, in GpuSample's field order (its keyword __new__ is a Python function, and
+        # this runs for every GPU on every tick; tests/test_nvml_source.py holds the order)
+        return _new_tuple(
+            GpuSample,
+            (
+                t_s,
+                index,
+                state.uuid,
+                state.name,
+                True,  # available
+                None if util is None else _ratio(util.gpu),
+                None if util is None else _ratio(util.memory),
+                None if mem is None else int(mem.used),
+                None if mem is None else int(mem.total),
+                None if power_mw is None else power_mw / 1000.0,
+                None if limit_mw is None else limit_mw / 1000.0,
+                None if temp is None else float(temp),
+                None if rx_kb is None else rx_kb * 1024.0,
+                None if tx_kb is None else tx_kb * 1024.0,
+                processes_of(procs),
+                history,
+                None,  # error
+                (),  # jobs
+                None,  # unattributed
+                None,  # mig
+                gpm,
+                clock_bits,
+                tuple(state.clock_s.items()) if state.clock_s else (),
+                xids,
+                last_xid,
+            ),
         )
 
     def _history(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
