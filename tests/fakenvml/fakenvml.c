@@ -637,18 +637,24 @@ nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t d, unsigned int gi, nvmlGpmSample_
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* The mean of the unit's utilization samples in (t1, t2], 0-100: what GRAPHICS_UTIL counts. */
+/* The first of the unit's utilization samples later than t (on the lap), by binary search. */
+static size_t first_after(const gpu_t *g, unsigned long long t) {
+    size_t lo = 0, hi = g->ns;
+    while (lo < hi) { size_t mid = (lo + hi) / 2; if (g->s[mid].t <= t) lo = mid + 1; else hi = mid; }
+    return lo;
+}
+
+/* The mean of the unit's utilization samples in (t1, t2], 0-100: what GRAPHICS_UTIL counts (the last
+   value before t2 where none lies between). The range is found by binary search: a driver computes
+   GPM's metrics from two counter snapshots, never from the whole past. */
 static double mean_util(const gpu_t *g, unsigned long long t1, unsigned long long t2) {
-    double sum = 0;
-    unsigned long long n = 0;
-    unsigned int last = 0;
     unsigned long long a = loop_t(t1), b = loop_t(t2);
     if (b < a) a = 0; /* the loop wrapped: the lap's start */
-    for (size_t k = 0; k < g->ns && g->s[k].t <= b; k++) {
-        last = g->s[k].v;
-        if (g->s[k].t > a) { sum += g->s[k].v; n++; }
-    }
-    return n ? sum / (double)n : (double)last;
+    size_t from = first_after(g, a), to = first_after(g, b);
+    if (from >= to) return to ? (double)g->s[to - 1].v : 0.0;
+    double sum = 0;
+    for (size_t k = from; k < to; k++) sum += g->s[k].v;
+    return sum / (double)(to - from);
 }
 static char *METRIC_NAMES[] = {"", "gr_util", "sm_util", "sm_occupancy"};
 
