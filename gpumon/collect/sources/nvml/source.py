@@ -59,6 +59,33 @@ def _text(value: Any) -> str:
 
 _UNREAD: Any = object()
 _new_tuple = tuple.__new__
+assert GpuSample._fields == (  # the order _poll_gpu builds a sample in, positionally
+    "t_s",
+    "index",
+    "uuid",
+    "name",
+    "available",
+    "util_ratio",
+    "mem_util_ratio",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_w",
+    "power_limit_w",
+    "temp_c",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "processes",
+    "util_history",
+    "error",
+    "jobs",
+    "unattributed",
+    "mig",
+    "gpm",
+    "clock_events",
+    "clock_event_s",
+    "xids",
+    "last_xid",
+), "GpuSample's fields moved: NvmlSource._poll_gpu builds it positionally"
 """Not read on the fast path (the careful one reads it)."""
 
 
