@@ -10,7 +10,8 @@ connection and half on a new connection each, and asks /api/v1/state every 10 s.
 RSS (/proc/PID/status VmRSS) is read every 30 s; after the first 10 minutes (the detector's
 windows and the recorder's first segment fill, caches warm up) its slope, by least squares, is
 the growth per hour. Goal (issue 29): <= 0.05 MB/h. The slope after 20 minutes is printed too: by
-then the range API's 15-minute verdict log is full as well (what fills is not what grows).
+then the range API's 15-minute verdict log is full as well (what fills is not what grows). A slope
+needs two readings past its start: a shorter run says "n/a".
 
 benchmarks/soak.py is the accelerated, in-process companion (hours of ticks in minutes, suspects
 measured one at a time); this one is the daemon as deployed, in real time.
@@ -29,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WARM_S = 600.0
 FULL_S = 1200.0
-"""By then every bounded store of the daemon is full: the range API's verdict log keeps 15 minutes
-(gpumon.serve.verdict_log), so from minute 10 to 15 it still fills. The slope after it tells what
-grows from what merely fills; the goal is on the slope after WARM_S."""
+"""By then the range API's verdict log is full too: it keeps 15 minutes (gpumon.serve.verdict_log),
+so from minute 10 to 15 it still fills. The slope after it tells what grows from what merely fills
+(stores bounded by count, as the 200 closed episodes a GPU keeps, fill as slowly as episodes
+close); the goal is on the slope after WARM_S."""
 
 
 def rss_mb(pid: int) -> float:
@@ -49,6 +51,10 @@ def slope_per_h(points: list[tuple[float, float]]) -> float:
     my = sum(m for _, m in points) / n
     den = sum((t - mx) ** 2 for t, _ in points)
     return sum((t - mx) * (m - my) for t, m in points) / den * 3600 if den else 0.0
+
+
+def slope_text(points: list[tuple[float, float]]) -> str:
+    return f"{slope_per_h(points):+.3f} MB/h" if len(points) >= 2 else "n/a (too short a run)"
 
 
 def port_of(log: Path, limit_s: float = 30.0) -> int:
@@ -126,8 +132,8 @@ def main() -> None:
                 f"gpumon serve, {args.gpus} stand-in GPUs, recorder on, {args.scrapes_per_s:g} scrapes/s "
                 f"(half new connections) + /api/v1/state every 10 s, {args.minutes:g} min: RSS "
                 f"{first:.1f} MB at start, {points[-1][1]:.1f} MB at the end; slope after 10 min "
-                f"{slope_per_h(after):+.3f} MB/h (goal <= 0.05), after 20 min (every bounded store "
-                f"full) {slope_per_h(full):+.3f} MB/h; {k} scrapes"
+                f"{slope_text(after)} (goal <= 0.05), after 20 min (the verdict log full too) "
+                f"{slope_text(full)}; {k} scrapes"
             )
         finally:
             proc.terminate()

@@ -25,7 +25,8 @@ class Episode(NamedTuple):
     uuid: str
     state: State
     cause: Cause | None
-    """The cause that held longest in the episode (its label's); `causes` has every change."""
+    """The cause that held longest in the episode (its label's, from its seconds per cause, all
+    kept); `causes` has how it began and its latest changes (MAX_CAUSES_KEPT)."""
     start_s: float
     end_s: float | None
     """None while it goes on."""
@@ -38,8 +39,10 @@ class Episode(NamedTuple):
     have one shows the lowest-duty window that agrees with it."""
     reason: str
     causes: tuple[tuple[float, Cause | None], ...] = ()
-    """(from when, cause) for each cause the episode had, in order: the state is confirmed on its own,
-    and the cause refines within the episode (host, then cpu, as a job's workers show up)."""
+    """(from when, cause) for the causes the episode had, in order: the state is confirmed on its own,
+    and the cause refines within the episode (host, then cpu, as a job's workers show up). The first
+    and the latest MAX_CAUSES_KEPT - 1 changes: an entry then holds until the next one's time, the
+    first until the second's only when nothing was dropped between them."""
     job: str | None = None
     """The job that held the GPU (`slurm 4242`, `pid 123`): an episode never spans two jobs."""
 

@@ -58,8 +58,9 @@ def _text(value: Any) -> str:
 
 
 _UNREAD: Any = object()
+"""Not read on the fast path (the careful one reads it)."""
 _new_tuple = tuple.__new__
-assert GpuSample._fields == (  # the order _poll_gpu builds a sample in, positionally
+assert GpuSample._fields == (  # the order _poll_gpu builds a sample in (tests run with asserts)
     "t_s",
     "index",
     "uuid",
@@ -86,7 +87,6 @@ assert GpuSample._fields == (  # the order _poll_gpu builds a sample in, positio
     "xids",
     "last_xid",
 ), "GpuSample's fields moved: NvmlSource._poll_gpu builds it positionally"
-"""Not read on the fast path (the careful one reads it)."""
 
 
 def _ratio(percent: int) -> float:
@@ -358,7 +358,7 @@ class NvmlSource(MigReading, ClockReading):
                 f"nvml:gpu {index}:", keep={f"nvml:gpu {index}:{f}" for f in state.failing}
             )
         # positionally, in GpuSample's field order (its keyword __new__ is a Python function, and
-        # this runs for every GPU on every tick; tests/test_nvml_source.py holds the order)
+        # this runs for every GPU on every tick; the assertion by _new_tuple holds the order)
         return _new_tuple(
             GpuSample,
             (
