@@ -563,6 +563,7 @@ def test_an_episode_whose_cause_swings_for_days_stays_bounded(monkeypatch: pytes
     assert {v.label for v in verdicts[-9:]} == {"starved-cpu", "starved-io"}, "the cause really swings"
     (starved,) = [e for e in det.close(float(len(script))) if e.label.startswith("starved")]
     assert len(starved.causes) == MAX_CAUSES_KEPT
+    assert starved.causes_dropped == 1 + 2 * swings - MAX_CAUSES_KEPT, "the output says what it left out"
     assert starved.causes[0] == (1.0, "io"), "how the episode began is kept"
     assert starved.causes[-1][0] == float(len(script) - 4), "the latest change is kept"
     times = [t for t, _ in starved.causes]

@@ -696,6 +696,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
             "reason": e.reason,
             "worst_evidence": e.worst,
             "causes": [{"from_s": t, "cause": c} for t, c in e.causes],
+            "causes_dropped": e.causes_dropped,
             "advice": advice(g.advice_for(e)),
         }
 

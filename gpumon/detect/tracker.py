@@ -45,6 +45,8 @@ class Episode(NamedTuple):
     first until the second's only when nothing was dropped between them."""
     job: str | None = None
     """The job that held the GPU (`slurm 4242`, `pid 123`): an episode never spans two jobs."""
+    causes_dropped: int = 0
+    """Cause changes left out of `causes` between its first entry and the rest (MAX_CAUSES_KEPT)."""
 
     @property
     def label(self) -> str:
@@ -107,6 +109,7 @@ class _Open:
     """Agreeing windows whole inside the episode, not yet a window older than the last agreeing one."""
     settled: tuple[float, dict[str, Any]] | None = None
     """(duty, evidence) of the lowest-duty settled window: the steady part's worst."""
+    causes_dropped: int = 0
     fallback: tuple[float, dict[str, Any]] | None = None
     """(duty, evidence) of the lowest-duty agreeing window anywhere in the episode (for episodes
     too short to settle); the evidence made a dict once, when found, not each time it is read (the
@@ -221,6 +224,7 @@ class StarvationDetector:
                 op.cause, op.reason = raw.cause, raw.reason
                 if len(op.causes) >= MAX_CAUSES_KEPT:
                     del op.causes[1]  # the first cause stays: how the episode began
+                    op.causes_dropped += 1
                 op.causes.append((self._cause_since, raw.cause))
                 self._cause_candidate = None
         else:
@@ -342,6 +346,7 @@ class StarvationDetector:
             reason=op.reason,
             causes=tuple(op.causes),
             job=op.job,
+            causes_dropped=op.causes_dropped,
         )
 
     def close(self, t_s: float) -> list[Episode]:

@@ -175,6 +175,7 @@ def _episode_json(e: Episode, offset: float) -> dict[str, Any]:
         "mean_duty": e.mean_duty,
         "reason": e.reason,
         "causes": [{"from_unix_s": round(t + offset, 3), "cause": c} for t, c in e.causes],
+        "causes_dropped": e.causes_dropped,
     }
 
 
