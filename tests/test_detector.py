@@ -507,27 +507,30 @@ def test_an_episodes_evidence_comes_from_its_steady_part_not_the_teardown() -> N
     assert 0.1 < e.worst["duty_cycle"] < 0.5, "a window of the starvation: bursts between gaps"
 
 
+def classify_as(monkeypatch: pytest.MonkeyPatch, labels: list[str]) -> None:
+    """The classifier answers these labels (`state-cause`), one per window fed, in order."""
+    from gpumon.detect import tracker
+    from gpumon.detect.classify import Classification
+
+    left = list(labels)
+
+    def scripted(ev: Evidence, th: Thresholds, *a: object, **k: object) -> Classification:
+        state, _, cause = left.pop(0).partition("-")
+        return Classification(state, cause or None, 1.0, f"scripted {state}")
+
+    monkeypatch.setattr(tracker, "classify", scripted)
+
+
 def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_episode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A starved job whose cause reads host, then io, then cpu as its workers show up: starved
     confirm_s after the first starved window all the same; the cause settles inside the episode,
     each change confirmed, and the episode is named for the cause that held longest."""
-    from gpumon.detect import tracker
-    from gpumon.detect.classify import Classification
-
     script = (
         ["healthy"] * 10 + ["starved-host", "starved-io", "starved-host", "starved-io"] + ["starved-cpu"] * 20
     )
-
-    def scripted(
-        ev: Evidence, th: Thresholds, current: str | None, *a: object, **k: object
-    ) -> Classification:
-        state, _, cause = scripted.labels.pop(0).partition("-")
-        return Classification(state, cause or None, 1.0, f"scripted {state}")
-
-    scripted.labels = list(script)  # type: ignore[attr-defined]
-    monkeypatch.setattr(tracker, "classify", scripted)
+    classify_as(monkeypatch, script)
     det = StarvationDetector(Thresholds(confirm_s=3.0))
     verdicts = feed_constant(det, [0.5] * len(script))
     first = next(v for v in verdicts if v.state == "starved")
@@ -545,19 +548,10 @@ def test_an_episode_whose_cause_swings_for_days_stays_bounded(monkeypatch: pytes
     a long time: the episode keeps how it began and its latest changes, not every change (found
     in a soak: an open episode's changes grew by ~450 an hour on 8 GPUs, each copied every tick),
     and it is still named for the cause that held longest."""
-    from gpumon.detect import tracker
-    from gpumon.detect.classify import Classification
-
     swings = 3 * MAX_CAUSES_KEPT
     # io for 5 s, then cpu for 4 s, again and again: io holds longest
     script = ["starved-io"] * 5 + (["starved-cpu"] * 4 + ["starved-io"] * 5) * swings
-
-    def scripted(ev: Evidence, th: Thresholds, *a: object, **k: object) -> Classification:
-        state, _, cause = scripted.labels.pop(0).partition("-")
-        return Classification(state, cause or None, 1.0, f"scripted {state}")
-
-    scripted.labels = list(script)  # type: ignore[attr-defined]
-    monkeypatch.setattr(tracker, "classify", scripted)
+    classify_as(monkeypatch, script)
     det = StarvationDetector(Thresholds(confirm_s=2.0))
     verdicts = feed_constant(det, [0.5] * len(script))
     assert {v.label for v in verdicts[-9:]} == {"starved-cpu", "starved-io"}, "the cause really swings"
