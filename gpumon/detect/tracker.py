@@ -99,6 +99,8 @@ class _Open:
     start_s: float
     reason: str
     causes: list[tuple[float, Cause | None]] = field(default_factory=list)
+    causes_dropped: int = 0
+    """Changes left out of `causes` to keep it at MAX_CAUSES_KEPT (Episode.causes_dropped)."""
     job: str | None = None
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause: the longest names a closed episode."""
@@ -109,7 +111,6 @@ class _Open:
     """Agreeing windows whole inside the episode, not yet a window older than the last agreeing one."""
     settled: tuple[float, dict[str, Any]] | None = None
     """(duty, evidence) of the lowest-duty settled window: the steady part's worst."""
-    causes_dropped: int = 0
     fallback: tuple[float, dict[str, Any]] | None = None
     """(duty, evidence) of the lowest-duty agreeing window anywhere in the episode (for episodes
     too short to settle); the evidence made a dict once, when found, not each time it is read (the

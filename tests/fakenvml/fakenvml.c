@@ -413,6 +413,13 @@ nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t d, nvmlBAR1Memory_t *m) {
     return NVML_SUCCESS;
 }
 
+/* The first of the unit's utilization samples later than t (on the lap), by binary search. */
+static size_t first_after(const gpu_t *g, unsigned long long t) {
+    size_t lo = 0, hi = g->ns;
+    while (lo < hi) { size_t mid = (lo + hi) / 2; if (g->s[mid].t <= t) lo = mid + 1; else hi = mid; }
+    return lo;
+}
+
 /* Buffered samples newer than lastSeen (µs on the driver's clock), newest BUFFER_SAMPLES at most. */
 nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long lastSeen, int *valueType,
                                   unsigned int *count, nvmlSample_t *samples) {
@@ -433,17 +440,12 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long l
     for (int i = 0; i < 2; i++) {
         long long l = (long long)lap - 1 + i;
         if (l < 0) continue; /* (without a loop, lap is 0: only the timeline itself) */
-        base[i] = (unsigned long long)l * span;
+        base[i] = (unsigned long long)l * span; /* at most t: l is this lap or the one before */
         /* to: the first sample after now; from: the first after lastSeen (and not after to) */
-        size_t lo = 0, hi = g->ns;
-        while (lo < hi) { size_t mid = (lo + hi) / 2; if (base[i] + g->s[mid].t <= t) lo = mid + 1; else hi = mid; }
-        to[i] = lo;
-        lo = 0; hi = to[i];
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (BOOT_US + base[i] + g->s[mid].t <= lastSeen) lo = mid + 1; else hi = mid;
-        }
-        from[i] = lo;
+        to[i] = first_after(g, t - base[i]);
+        unsigned long long lap_start = BOOT_US + base[i];
+        from[i] = lastSeen < lap_start ? 0 : first_after(g, lastSeen - lap_start);
+        if (from[i] > to[i]) from[i] = to[i];
         total += to[i] - from[i];
     }
     /* the newest BUFFER_SAMPLES of them, oldest first */
@@ -635,13 +637,6 @@ nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t d, unsigned int gi, nvmlGpmSample_
     for (int k = 0; k < g->nmig; k++)
         if (gpus[g->mig[k]].gi == gi) return take_gpm(g->mig[k], s);
     return NVML_ERROR_NOT_FOUND;
-}
-
-/* The first of the unit's utilization samples later than t (on the lap), by binary search. */
-static size_t first_after(const gpu_t *g, unsigned long long t) {
-    size_t lo = 0, hi = g->ns;
-    while (lo < hi) { size_t mid = (lo + hi) / 2; if (g->s[mid].t <= t) lo = mid + 1; else hi = mid; }
-    return lo;
 }
 
 /* The mean of the unit's utilization samples in (t1, t2], 0-100: what GRAPHICS_UTIL counts (the last
