@@ -19,17 +19,18 @@ from gpumon.core.model import GpmActivity
 MIN_APART_S = 0.1
 """nvml.h: two GPM samples closer than this give no metrics."""
 _MIB = 1024.0 * 1024.0
+_PERCENT = 0.01
 
 # (GPM metric id from nvml.h, GpmActivity field, scale to gpumon's units)
 METRICS: tuple[tuple[int, str, float], ...] = (
-    (1, "graphics_ratio", 0.01),  # NVML_GPM_METRIC_GRAPHICS_UTIL, percent
-    (2, "sm_active_ratio", 0.01),  # SM_UTIL
-    (3, "sm_occupancy_ratio", 0.01),  # SM_OCCUPANCY
-    (5, "tensor_ratio", 0.01),  # ANY_TENSOR_UTIL
-    (10, "dram_bw_ratio", 0.01),  # DRAM_BW_UTIL
-    (13, "fp16_ratio", 0.01),  # FP16_UTIL
-    (12, "fp32_ratio", 0.01),  # FP32_UTIL
-    (11, "fp64_ratio", 0.01),  # FP64_UTIL
+    (1, "graphics_ratio", _PERCENT),  # NVML_GPM_METRIC_GRAPHICS_UTIL, percent
+    (2, "sm_active_ratio", _PERCENT),  # SM_UTIL
+    (3, "sm_occupancy_ratio", _PERCENT),  # SM_OCCUPANCY
+    (5, "tensor_ratio", _PERCENT),  # ANY_TENSOR_UTIL
+    (10, "dram_bw_ratio", _PERCENT),  # DRAM_BW_UTIL
+    (13, "fp16_ratio", _PERCENT),  # FP16_UTIL
+    (12, "fp32_ratio", _PERCENT),  # FP32_UTIL
+    (11, "fp64_ratio", _PERCENT),  # FP64_UTIL
     (21, "pcie_rx_bytes_per_s", _MIB),  # PCIE_RX_PER_SEC, MiB/s
     (20, "pcie_tx_bytes_per_s", _MIB),  # PCIE_TX_PER_SEC
     (60, "nvlink_rx_bytes_per_s", _MIB),  # NVLINK_TOTAL_RX_PER_SEC
@@ -82,13 +83,35 @@ class _Request:
             if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:  # read straight from memory
                 size = _METRIC.size * len(metrics)
                 self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
+        # The usual answer (every metric given) in two unpacks, its return codes and its values,
+        # where the ratios come first and each kind has one scale (as METRICS)
+        self._returns = struct.Struct("=" + "4xi32x" * len(metrics))
+        self._values = struct.Struct("=" + "8xd24x" * len(metrics))
+        ratios = [scale for scale, ratio in self._kinds if ratio]
+        rest = [scale for scale, ratio in self._kinds if not ratio]
+        self._split = len(ratios)
+        self._one_scale = (
+            all(ratio for _, ratio in self._kinds[: self._split]) and set(ratios) <= {_PERCENT} and set(rest) <= {_MIB}
+        )
 
     def activity(self, older: Any, newer: Any) -> GpmActivity:
-        """METRICS between two samples as a GpmActivity (activity_of's rules, in one pass over the
-        metrics' memory: this runs for every GPU on every tick)."""
+        """METRICS between two samples as a GpmActivity, by activity_of's rules, read from the
+        metrics' memory (this runs for every GPU on every tick): the usual answer, every metric
+        given, in two unpacks (the return codes, then the values) and a pass per kind; one with a
+        metric that failed (None there) metric by metric."""
         if self._raw is None:
             return activity_of(self.between(older, newer))
         self._fill(older, newer)
+        raw = self._raw.raw
+        if self._one_scale and not any(self._returns.unpack(raw)):
+            values = self._values.unpack(raw)
+            split = self._split
+            out = [
+                0.0 if v <= 0 else round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS
+                for v in values[:split]
+            ]
+            out += [0.0 if v <= 0 else v * _MIB for v in values[split:]]
+            return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
         return tuple.__new__(  # GpmActivity(*values), without its Python __new__
             GpmActivity,
             [
@@ -102,7 +125,7 @@ class _Request:
                     else value * scale
                 )
                 for (_, ret, value), (scale, ratio) in zip(
-                    _METRIC.iter_unpack(self._raw.raw), self._kinds, strict=True
+                    _METRIC.iter_unpack(raw), self._kinds, strict=True
                 )
             ],
         )
