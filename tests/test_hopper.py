@@ -339,6 +339,42 @@ def test_serve_on_a_mig_gpu_flags_the_starved_instance_and_an_xid_79_fires_its_a
 # -- detector and traces ------------------------------------------------------------------------
 
 
+def test_pcie_traffic_comes_from_gpm_where_it_gives_it_and_from_the_counters_where_not(
+    library: Path, tmp_path: Path
+) -> None:
+    """A GPU with GPM is not asked its PCIe counters (a 20 ms window) for what GPM gives over the
+    whole tick; a tick GPM answers nothing (too soon after the last) reads the counters again."""
+    config = constant_config(tmp_path, "gpm 0 0.5 0.25 0.6 0.3 0.1 0.2 0.05", util=80)
+    p = python(
+        """
+        import os, pynvml
+        from gpumon.collect.sources.nvml.source import NvmlSource
+        asked = []
+        class Counting:
+            def __getattr__(self, name):
+                fn = getattr(pynvml, name)
+                if name != "nvmlDeviceGetPcieThroughput":
+                    return fn
+                return lambda *a: asked.append(1) or fn(*a)
+        src = NvmlSource(Counting()); src.open()
+        for t in (1.0, 2.0, 3.0, 3.05, 4.0, 5.0):
+            os.environ["FAKENVML_NOW_US"] = str(int(t * 1_000_000))
+            (g,) = src.poll(t)
+            gpm_rx = None if g.gpm is None else g.gpm.pcie_rx_bytes_per_s
+            print(len(asked), g.pcie_rx_bytes_per_s, gpm_rx); asked.clear()
+    """,
+        driver.environment(config),
+    )
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()]
+    two_gib = str(2048 * 1024 * 1024.0)
+    assert rows[0] == ["2", two_gib, "None"], "the first tick: no GPM pair yet, the counters"
+    assert rows[1] == ["2", two_gib, two_gib], "GPM's figure as soon as it gives one"
+    assert rows[2] == ["0", two_gib, two_gib], "and from then on the counters are not asked"
+    assert rows[3] == ["2", two_gib, "None"], "50 ms after the last tick GPM gives nothing: the counters"
+    assert rows[4:] == [["2", two_gib, two_gib], ["0", two_gib, two_gib]]
+
+
 def test_small_kernels_are_called_out_only_where_gpm_is_read(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     env = dict(os.environ)

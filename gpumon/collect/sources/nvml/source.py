@@ -316,8 +316,9 @@ class NvmlSource(MigReading, ClockReading):
                 power_mw = nv.nvmlDeviceGetPowerUsage(h)
                 limit_mw = nv.nvmlDeviceGetEnforcedPowerLimit(h)
                 temp = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
-                rx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_RX)
-                tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
+                if not state.pcie_from_gpm:
+                    rx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_RX)
+                    tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
                 if state.rest_answered:
                     mem = nv.nvmlDeviceGetMemoryInfo(h, version=self._mem_v2)
                     procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
@@ -331,8 +332,8 @@ class NvmlSource(MigReading, ClockReading):
             power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
             limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
             temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
-            rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
-            tx_kb = self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
+            if not state.pcie_from_gpm:
+                rx_kb, tx_kb = self._pcie_counters(state)
             state.plain_answered = not state.failing and state.unsupported.isdisjoint(PLAIN_FIELDS)
         if mem is _UNREAD:
             mem = self._memory(state)
@@ -349,6 +350,15 @@ class NvmlSource(MigReading, ClockReading):
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.activity is not None:  # no utilization samples here: GPM's activity instead
             history, gpm = self._drain(state, t_s)
+        if gpm is not None and gpm.pcie_rx_bytes_per_s is not None and gpm.pcie_tx_bytes_per_s is not None:
+            rx, tx = gpm.pcie_rx_bytes_per_s, gpm.pcie_tx_bytes_per_s  # and so next tick: not asked
+            state.pcie_from_gpm = True
+        else:
+            if state.pcie_from_gpm:  # not asked, and GPM did not give it this time after all
+                state.pcie_from_gpm = False
+                rx_kb, tx_kb = self._pcie_counters(state)
+            rx = None if rx_kb is None else rx_kb * 1024.0
+            tx = None if tx_kb is None else tx_kb * 1024.0
         clock_bits = self._clock_events(state, t_s, bits)
         if "mig" not in state.unsupported:
             self._scan_migs(state, t_s)
@@ -374,8 +384,8 @@ class NvmlSource(MigReading, ClockReading):
                 None if power_mw is None else power_mw / 1000.0,
                 None if limit_mw is None else limit_mw / 1000.0,
                 None if temp is None else float(temp),
-                None if rx_kb is None else rx_kb * 1024.0,
-                None if tx_kb is None else tx_kb * 1024.0,
+                rx,
+                tx,
                 processes_of(procs),
                 history,
                 None,  # error
@@ -389,6 +399,12 @@ class NvmlSource(MigReading, ClockReading):
                 last_xid,
             ),
         )
+
+    def _pcie_counters(self, state: GpuState) -> tuple[Any, Any]:
+        """The driver's PCIe counters (KB/s over its last 20 ms), where GPM gives no PCIe traffic."""
+        nv, h = self._nvml, state.handle
+        rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
+        return rx_kb, self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
 
     def _history(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
         """The driver's utilization samples since the last tick's, on the sampler's clock."""

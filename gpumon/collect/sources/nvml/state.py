@@ -40,6 +40,9 @@ class GpuState:
     mig_checked_t: float | None = None
     gpm: GpmUnit | None = None
     gpm_checked: bool = False
+    pcie_from_gpm: bool = False
+    """GPM gave PCIe traffic on the last tick: this tick takes it from GPM again (its average over
+    the tick) rather than asking the driver's counters (a 20 ms window) for the same figure."""
     activity: GpmUnit | None = None
     """A unit without utilization samples (a MIG instance): GPM's graphics activity sampled
     between ticks too (gpumon.collect.sources.nvml.gpm), each step a point of its activity
