@@ -57,6 +57,9 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+_number = object.__getattribute__
+"""A number field of one of pynvml's structures, read without their Python-level __getattribute__
+(it only turns bytes into str; a read through it costs three times as much: benchmarks/nvml_cost.py)."""
 _UNREAD: Any = object()
 """Not read on the fast path (the careful one reads it)."""
 _new_tuple = tuple.__new__
@@ -377,10 +380,10 @@ class NvmlSource(MigReading, ClockReading):
                 state.uuid,
                 state.name,
                 True,  # available
-                None if util is None else _ratio(util.gpu),
-                None if util is None else _ratio(util.memory),
-                None if mem is None else int(mem.used),
-                None if mem is None else int(mem.total),
+                None if util is None else _ratio(_number(util, "gpu")),
+                None if util is None else _ratio(_number(util, "memory")),
+                None if mem is None else int(_number(mem, "used")),
+                None if mem is None else int(_number(mem, "total")),
                 None if power_mw is None else power_mw / 1000.0,
                 None if limit_mw is None else limit_mw / 1000.0,
                 None if temp is None else float(temp),
