@@ -3,6 +3,7 @@ fails is None, the others read as when every metric answers (the two ways of rea
 
 from __future__ import annotations
 
+import ctypes
 import math
 import random
 from types import SimpleNamespace
@@ -17,11 +18,15 @@ from gpumon.core.model import GpmActivity
 IDS = [metric_id for metric_id, _, _ in METRICS]
 
 
-def reading(answers: list[tuple[int, float]]) -> GpmActivity:
-    """What gpumon reads when the driver answers each of METRICS with (return code, value)."""
+def reading(answers: list[tuple[int, float]], older: int = 0, newer: int = 1) -> GpmActivity:
+    """What gpumon reads when the driver answers each of METRICS with (return code, value), asked
+    between two of a unit's three sample buffers (stand-ins: pointers never followed)."""
+    buffers = [ctypes.cast(ctypes.c_void_p(0x1000 * (k + 1)), pynvml.c_nvmlGpmSample_t) for k in range(3)]
 
     def metrics_get(get: Any) -> Any:
         assert [get.metrics[i].metricId for i in range(get.numMetrics)] == IDS
+        asked = [ctypes.cast(p, ctypes.c_void_p).value for p in (get.sample1, get.sample2)]
+        assert asked == [0x1000 * (older + 1), 0x1000 * (newer + 1)], "the older sample first"
         for i, (ret, value) in enumerate(answers):
             get.metrics[i].nvmlReturn, get.metrics[i].value = ret, value
         return get
@@ -31,8 +36,7 @@ def reading(answers: list[tuple[int, float]]) -> GpmActivity:
         NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION,
         nvmlGpmMetricsGet=metrics_get,
     )
-    sample = pynvml.c_nvmlGpmSample_t()
-    return _Request(nvml, METRICS).activity(sample, sample)
+    return _Request(nvml, METRICS, buffers).activity(older, newer)
 
 
 def expected(answers: list[tuple[int, float]]) -> GpmActivity:
@@ -52,7 +56,7 @@ def test_a_failed_metric_is_none_and_the_others_read_alike(failing: int | None) 
         answers = [(0, rng.choice(EDGES) if rng.random() < 0.3 else rng.uniform(0, 120)) for _ in METRICS]
         if failing is not None:
             answers[failing] = (rng.choice([3, 15, 999]), rng.uniform(0, 100))  # NOT_SUPPORTED, ...
-        got = reading(answers)
+        got = reading(answers, *rng.sample(range(3), 2))
         assert got == expected(answers), answers
         assert (got[failing] is None) if failing is not None else None not in got
         ratios = [v for v, (_, name, _) in zip(got, METRICS) if name.endswith("_ratio") and v is not None]

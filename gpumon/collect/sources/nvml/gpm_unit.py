@@ -63,10 +63,12 @@ def activity_of(values: list[float | None]) -> GpmActivity:
 
 
 class _Request:
-    """One nvmlGpmMetricsGet_t, built once and reused: pynvml's holds 477 metric slots (19 KB)."""
+    """One nvmlGpmMetricsGet_t, built once and reused: pynvml's holds 477 metric slots (19 KB).
+    It asks between two of a unit's sample buffers, named by their index in `samples`."""
 
-    def __init__(self, nvml: Any, metrics: Sequence[tuple[int, str, float]]) -> None:
+    def __init__(self, nvml: Any, metrics: Sequence[tuple[int, str, float]], samples: Sequence[Any]) -> None:
         self._nv = nvml
+        self._samples = samples
         get = nvml.c_nvmlGpmMetricsGet_t()
         get.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
         get.numMetrics = len(metrics)
@@ -78,11 +80,24 @@ class _Request:
         self._raw: Any = None
         # pynvml's structs check every attribute set in Python; ctypes' own setter does not
         self._set: Callable[[Any, str, Any], None] = setattr
+        self._pointers: tuple[Any, Any] | None = None
+        """sample1 and sample2 seen as plain pointers, set to `_addresses` (no type check per tick)."""
+        self._addresses: list[int | None] = []
         if isinstance(get, ctypes.Structure):
             self._set = ctypes.Structure.__setattr__
             if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:  # read straight from memory
                 size = _METRIC.size * len(metrics)
                 self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
+            fields = type(get).sample1, type(get).sample2  # type: ignore[attr-defined]  # ctypes' CField
+            if all(f.size == ctypes.sizeof(ctypes.c_void_p) for f in fields) and all(
+                isinstance(x, ctypes._Pointer) for x in samples
+            ):
+                at = ctypes.addressof(get)
+                self._pointers = (
+                    ctypes.c_void_p.from_address(at + fields[0].offset),
+                    ctypes.c_void_p.from_address(at + fields[1].offset),
+                )
+                self._addresses = [ctypes.cast(x, ctypes.c_void_p).value for x in samples]
         # The usual answer (every metric given) in two unpacks, its return codes and its values,
         # where the ratios come first and each kind has one scale (as METRICS)
         self._returns = struct.Struct("=" + "4xi32x" * len(metrics))
@@ -94,7 +109,7 @@ class _Request:
             all(ratio for _, ratio in self._kinds[: self._split]) and set(ratios) <= {_PERCENT} and set(rest) <= {_MIB}
         )
 
-    def activity(self, older: Any, newer: Any) -> GpmActivity:
+    def activity(self, older: int, newer: int) -> GpmActivity:
         """METRICS between two samples as a GpmActivity, by activity_of's rules, read from the
         metrics' memory (this runs for every GPU on every tick): the usual answer, every metric
         given, in two unpacks (the return codes, then the values) and a pass per kind; one with a
@@ -130,13 +145,17 @@ class _Request:
             ],
         )
 
-    def _fill(self, older: Any, newer: Any) -> None:
+    def _fill(self, older: int, newer: int) -> None:
         get = self._get
-        self._set(get, "sample1", older)
-        self._set(get, "sample2", newer)
+        if self._pointers is not None:
+            first, second = self._pointers
+            first.value, second.value = self._addresses[older], self._addresses[newer]
+        else:
+            self._set(get, "sample1", self._samples[older])
+            self._set(get, "sample2", self._samples[newer])
         self._nv.nvmlGpmMetricsGet(get)
 
-    def between(self, older: Any, newer: Any) -> list[float | None]:
+    def between(self, older: int, newer: int) -> list[float | None]:
         get = self._get
         self._fill(older, newer)
         if self._raw is not None:
@@ -169,8 +188,8 @@ class GpmUnit:
         self._last: int | None = None
         """The buffer holding the newest sample (tick or step)."""
         self._last_t = 0.0
-        self._full = _Request(nvml, METRICS)
-        self._quick = _Request(nvml, GRAPHICS_ONLY) if fast else None
+        self._full = _Request(nvml, METRICS, self._samples)
+        self._quick = _Request(nvml, GRAPHICS_ONLY, self._samples) if fast else None
 
     def _sample(self, t_s: float) -> int | None:
         if self._last is not None and t_s - self._last_t <= MIN_APART_S:
@@ -193,7 +212,7 @@ class GpmUnit:
         last, self._last, self._last_t = self._last, new, t_s
         if last is None:
             return None
-        value = self._quick.between(self._samples[last], self._samples[new])[0]
+        value = self._quick.between(last, new)[0]
         return None if value is None else round(min(1.0, value) * STEPS) / STEPS
 
     def tick(self, t_s: float) -> tuple[float | None, GpmActivity | None]:
@@ -204,17 +223,27 @@ class GpmUnit:
             return None, None
         quick = full = None
         if self._quick is not None and self._last is not None:
-            value = self._quick.between(self._samples[self._last], self._samples[new])[0]
+            value = self._quick.between(self._last, new)[0]
             quick = None if value is None else round(min(1.0, value) * STEPS) / STEPS
         if self._anchor is not None:
-            full = self._full.activity(self._samples[self._anchor], self._samples[new])
+            full = self._full.activity(self._anchor, new)
         self._anchor = new
         self._last, self._last_t = new, t_s
         return quick, full
 
     def activity(self, t_s: float) -> GpmActivity | None:
-        """METRICS since the previous tick, as a GpmActivity."""
-        return self.tick(t_s)[1]
+        """METRICS since the previous tick, as a GpmActivity: `tick` without the graphics activity
+        of a fast unit, written out for the units that are not (every GPU, every tick)."""
+        if self._quick is not None:
+            return self.tick(t_s)[1]
+        last = self._last
+        if last is not None and t_s - self._last_t <= MIN_APART_S:
+            return None  # too soon after the last: NVML would give nothing
+        new = 0 if last is None else 1 - last  # two buffers, in turn
+        self._take(self._samples[new])
+        self._anchor = self._last = new
+        self._last_t = t_s
+        return None if last is None else self._full.activity(last, new)
 
     def free(self) -> None:
         for s in self._samples:
