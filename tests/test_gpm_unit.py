@@ -42,7 +42,10 @@ def reading(answers: list[tuple[int, float]], older: int = 0, newer: int = 1) ->
 def expected(answers: list[tuple[int, float]]) -> GpmActivity:
     """activity_of's rules: None where the driver failed, nothing below 0, ratios capped at 1."""
     return activity_of(
-        [None if ret else (value * scale if value > 0 else 0.0) for (ret, value), (_, _, scale) in zip(answers, METRICS)]
+        [
+            None if ret else (value * scale if value > 0 else 0.0)
+            for (ret, value), (_, _, scale) in zip(answers, METRICS)
+        ]
     )
 
 

@@ -88,7 +88,7 @@ class _Request:
             if ctypes.sizeof(type(get.metrics[0])) == _METRIC.size:  # read straight from memory
                 size = _METRIC.size * len(metrics)
                 self._raw = (ctypes.c_char * size).from_address(ctypes.addressof(get.metrics))
-            fields = type(get).sample1, type(get).sample2  # type: ignore[attr-defined]  # ctypes' CField
+            fields = type(get).sample1, type(get).sample2  # ctypes' CField descriptors
             if all(f.size == ctypes.sizeof(ctypes.c_void_p) for f in fields) and all(
                 isinstance(x, ctypes._Pointer) for x in samples
             ):
@@ -106,7 +106,9 @@ class _Request:
         rest = [scale for scale, ratio in self._kinds if not ratio]
         self._split = len(ratios)
         self._one_scale = (
-            all(ratio for _, ratio in self._kinds[: self._split]) and set(ratios) <= {_PERCENT} and set(rest) <= {_MIB}
+            all(ratio for _, ratio in self._kinds[: self._split])
+            and set(ratios) <= {_PERCENT}
+            and set(rest) <= {_MIB}
         )
 
     def activity(self, older: int, newer: int) -> GpmActivity:
@@ -139,9 +141,7 @@ class _Request:
                     if ratio
                     else value * scale
                 )
-                for (_, ret, value), (scale, ratio) in zip(
-                    _METRIC.iter_unpack(raw), self._kinds, strict=True
-                )
+                for (_, ret, value), (scale, ratio) in zip(_METRIC.iter_unpack(raw), self._kinds, strict=True)
             ],
         )
 

@@ -353,6 +353,8 @@ class NvmlSource(MigReading, ClockReading):
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.activity is not None:  # no utilization samples here: GPM's activity instead
             history, gpm = self._drain(state, t_s)
+        rx: float | None
+        tx: float | None
         if gpm is not None and gpm.pcie_rx_bytes_per_s is not None and gpm.pcie_tx_bytes_per_s is not None:
             rx, tx = gpm.pcie_rx_bytes_per_s, gpm.pcie_tx_bytes_per_s  # and so next tick: not asked
             state.pcie_from_gpm = True
