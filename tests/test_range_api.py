@@ -241,3 +241,44 @@ def test_one_analysis_at_a_time_the_same_question_shares_its_answer(daemon: Daem
     assert first.status == second.status == 200 and first.body == second.body
     assert api.analyses == 1
     assert other.status == 429 and dict(other.headers)["Retry-After"] == "1"
+
+
+def test_the_verdict_log_gives_back_each_ticks_verdicts_with_the_jobs_of_that_tick() -> None:
+    """The log packs a GPU's identity once while it holds: a job change shows from its tick on,
+    never on the ticks before it, and every field comes back as recorded."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from gpumon.serve.verdict_log import VerdictLog
+
+    def job(job_id: str, user: str) -> Any:
+        return SimpleNamespace(job_id=job_id, user=user)
+
+    def gpu(index: int, jobs: list[Any], mig: int | None = None) -> Any:
+        return SimpleNamespace(index=index, uuid=f"GPU-{index}", jobs=jobs, mig=mig)
+
+    def verdict(index: int, t: float, label: str, wasted: float) -> Any:
+        return SimpleNamespace(
+            index=index,
+            uuid=f"GPU-{index}",
+            name="H100",
+            label=label,
+            t_s=t,
+            since_s=t - 5,
+            wasted_gpu_s=wasted,
+        )
+
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=60.0)
+    jobs_by_tick = [[job("1", "alice")], [job("2", "bob")], [job("2", "bob")], []]
+    for k, jobs in enumerate(jobs_by_tick):
+        t = 100.0 + k
+        tick: Any = SimpleNamespace(t_s=t, gpus=(gpu(0, jobs), gpu(1, [], mig=3)))
+        verdicts = [verdict(0, t, "starved (cpu)", 2.5 * k), verdict(1, t, "healthy", 0.0)]
+        log.record(tick, verdicts, 1e9 + t, {}, 10)
+    view = log.view()
+    assert view is not None and [e.unix_s for e in view.ticks] == [1e9 + 100 + k for k in range(4)]
+    assert [e.gpus[0].jobs for e in view.ticks] == [(("1", "alice"),), (("2", "bob"),), (("2", "bob"),), ()]
+    first = view.ticks[1].gpus
+    assert first[0] == (0, "GPU-0", "H100", None, 101.0, "starved (cpu)", 96.0, 2.5, (("2", "bob"),))
+    assert first[1] == (1, "GPU-1", "H100", 3, 101.0, "healthy", 96.0, 0.0, ())
+    assert first[0].label == "starved (cpu)" and first[1].mig == 3

@@ -148,6 +148,9 @@ class StarvationDetector:
         self._job_label: str | None = None
         self._job_since = 0.0
         self._last_sample_t: float | None = None
+        self._wasted_shown = (0.0, 0.0)
+        """(wasted_gpu_s, it rounded as verdicts show it): a GPU that wastes nothing gives the same
+        float every tick (the range API's verdict log keeps 15 minutes of them)."""
         self._job_arrival: tuple[float, float] | None = None
         """(last sample before, first sample of) the job now on the GPU, when this detector saw it
         come (not when it held the GPU from the first window): what gather needs of its arrival."""
@@ -252,8 +255,15 @@ class StarvationDetector:
             reason=op.reason,
             evidence=ev,
             raw=raw,
-            wasted_gpu_s=round(self.wasted_gpu_s, 3),
+            wasted_gpu_s=self._wasted_rounded(),
         )
+
+    def _wasted_rounded(self) -> float:
+        raw, shown = self._wasted_shown
+        if raw != self.wasted_gpu_s:
+            raw, shown = self.wasted_gpu_s, round(self.wasted_gpu_s, 3)
+            self._wasted_shown = (raw, shown)
+        return shown
 
     def _follow_job(self, window: GpuWindow) -> bool:
         """Which job holds the GPU now, and whether it has run a kernel since it was first seen;

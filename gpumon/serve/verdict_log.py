@@ -12,7 +12,7 @@ import bisect
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpumon.core.model import Tick
 from gpumon.detect.tracker import Episode, Verdict
@@ -40,10 +40,33 @@ class Judged(NamedTuple):
     jobs: tuple[tuple[str, str | None], ...]
 
 
-class Logged(NamedTuple):
-    unix_s: float
-    t_s: float
-    gpus: tuple[Judged, ...]
+_Ident = tuple[int, str, str, int | None, tuple[tuple[str, str | None], ...]]
+"""What a GPU's verdicts share from tick to tick: (index, uuid, name, MIG instance, jobs)."""
+_PER_GPU = 5
+"""A logged tick's entries per GPU: its _Ident, then the verdict's t_s, label, since_s, wasted."""
+
+
+class Logged:
+    """One tick's verdicts, packed: a flat tuple of five references per GPU, its identity shared
+    with the ticks before while it holds (a third of the memory of a Judged per GPU; the log keeps
+    up to MAX_TICKS of them). `gpus` unpacks them as Judged."""
+
+    __slots__ = ("_packed", "t_s", "unix_s")
+
+    def __init__(self, unix_s: float, t_s: float, packed: tuple[object, ...]) -> None:
+        self.unix_s = unix_s
+        self.t_s = t_s
+        self._packed = packed
+
+    @property
+    def gpus(self) -> tuple[Judged, ...]:
+        p = self._packed
+        new = tuple.__new__
+        out = []
+        for k in range(0, len(p), _PER_GPU):
+            ident: Any = p[k]
+            out.append(new(Judged, (*ident[:4], *p[k + 1 : k + _PER_GPU], ident[4])))
+        return tuple(out)
 
 
 class Latest(NamedTuple):
@@ -77,6 +100,8 @@ class VerdictLog:
         self._latest: Latest | None = None
         self._reset_at = -float("inf")
         self._labels: dict[str, str] = {}
+        self._idents: dict[tuple[int, str], _Ident] = {}
+        """Each GPU's identity as last logged (one per GPU seen: replaced when it changes)."""
 
     def record(
         self,
@@ -88,26 +113,21 @@ class VerdictLog:
     ) -> None:
         """From the sampling thread, after each tick."""
         samples = {(g.index, g.uuid): g for g in tick.gpus}
-        judged = []
+        packed: list[object] = []
+        idents = self._idents
         for v in verdicts:
-            g = samples.get((v.index, v.uuid))
+            key = (v.index, v.uuid)
+            g = samples.get(key)
             jobs = tuple((j.job_id, j.user) for j in g.jobs) if g is not None and g.jobs else ()
+            ident = (v.index, v.uuid, v.name, g.mig if g is not None else None, jobs)
+            known = idents.get(key)
+            if known != ident:
+                known = idents[key] = ident
             label = self._labels.setdefault(v.label, sys.intern(v.label))  # one string per label
-            mig = g.mig if g is not None else None
-            judged.append(
-                Judged(
-                    index=v.index,
-                    uuid=v.uuid,
-                    name=v.name,
-                    mig=mig,
-                    t_s=v.t_s,
-                    label=label,
-                    since_s=v.since_s,
-                    wasted_gpu_s=v.wasted_gpu_s,
-                    jobs=jobs,
-                )
-            )
-        self._ticks.append(Logged(unix_s, tick.t_s, tuple(judged)))
+            packed += (known, v.t_s, label, v.since_s, v.wasted_gpu_s)
+        if len(idents) > 2 * len(samples) + 8:  # GPUs gone (MIG instances remade): forget them
+            self._idents = {key: ident for key, ident in idents.items() if key in samples}
+        self._ticks.append(Logged(unix_s, tick.t_s, tuple(packed)))
         self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
 
     def thresholds_changed(self, unix_s: float) -> None:
