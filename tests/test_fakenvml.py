@@ -4,6 +4,7 @@ nvitop) as an outside check, and gpumon under the faults real fleets see."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -92,6 +93,36 @@ def test_the_stand_ins_samples_cross_its_timelines_loop_without_a_gap(library: P
     count, widest, narrowest = (int(v) for v in p.stdout.split())
     assert 14 <= count <= 16, "2.5 s of samples at 1/6 s: the old lap's last and the new lap's first"
     assert widest <= 200_000 and narrowest > 0, "none missing across the loop, none twice"
+
+
+def test_a_config_written_out_of_order_answers_as_the_same_config_in_order(
+    library: Path, tmp_path: Path
+) -> None:
+    """The stand-in reads its timelines by binary search: it puts each unit's samples and states in
+    time order when it loads them, so the order of the lines does not matter."""
+    config = driver.simulated_config(tmp_path / "in-order", "starved-cpu", seconds=20)
+    lines = config.read_text().splitlines()
+    timeline = [line for line in lines if line.startswith(("s ", "t "))]
+    mixed = list(timeline)
+    random.Random(7).shuffle(mixed)
+    assert mixed != timeline and sorted(mixed) == sorted(timeline)
+    shuffled = tmp_path / "shuffled.conf"
+    shuffled.write_text("\n".join([line for line in lines if line not in set(timeline)] + mixed) + "\n")
+    code = textwrap.dedent("""
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        _, got = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        m = pynvml.nvmlDeviceGetMemoryInfo(h)
+        print([(s.timeStamp, s.sampleValue.uiVal) for s in got], pynvml.nvmlDeviceGetPowerUsage(h), m.used)
+    """)
+    answers = []
+    for conf in (config, shuffled):
+        p = run([sys.executable, "-c", code], driver.environment(conf, FAKENVML_NOW_US="12500000"))
+        assert p.returncode == 0, p.stderr
+        answers.append(p.stdout)
+    assert "[(" in answers[0], "samples were read"
+    assert answers[1] == answers[0]
 
 
 # -- peers: gpustat and nvitop see what gpumon sees ---------------------------------------------------

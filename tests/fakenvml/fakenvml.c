@@ -17,7 +17,8 @@
  *   util_period_us P    nvmlDeviceGetUtilizationRates averages the samples of the last P µs
  *   driver V / cuda N   versions reported
  *   gpu I MEMTOTAL POWERLIMIT_MW UUID NAME...
- *   s I T_US PERCENT                             a driver utilization sample
+ *   s I T_US PERCENT                             a driver utilization sample (s and t lines in any
+ *                                                order: each unit's are put in time order at load)
  *   t I T_US MEMUSED POWER_MW TEMP RX_KB TX_KB N [PID MEM]*N   device state from T on
  *   fault no_driver                              nvmlInit fails with DRIVER_NOT_LOADED
  *   fault init_error CODE                        nvmlInit fails with CODE (4: NO_PERMISSION)
@@ -67,6 +68,18 @@ typedef struct {
     unsigned int pid[MAX_PROCS];
     unsigned long long pmem[MAX_PROCS];
 } row_t;
+
+/* A stable insertion sort by .t: one pass over a timeline already in order (every generator writes
+ * them so), and a config written out of order still answers as its times say. */
+#define SORT_BY_T(type, items, n) do {                                                      \
+        for (size_t j_ = 1; j_ < (n); j_++) {                                                \
+            type x_ = (items)[j_];                                                           \
+            size_t i_ = j_;                                                                  \
+            for (; i_ > 0 && (items)[i_ - 1].t > x_.t; i_--) (items)[i_] = (items)[i_ - 1];  \
+            (items)[i_] = x_;                                                                \
+        }                                                                                    \
+    } while (0)
+
 typedef struct {
     int index;
     char uuid[96], name[96];
@@ -229,6 +242,9 @@ static void load_config(void) {
     }
     fclose(f);
     for (int k = 0; k < MAX_GPUS; k++) {
+        /* the timelines are read by binary search: in time order, lines of one time as written */
+        SORT_BY_T(sample_t, gpus[k].s, gpus[k].ns);
+        SORT_BY_T(row_t, gpus[k].r, gpus[k].nr);
         handles[k].index = k;
         /* a MIG instance's name is its parent's, with the profile, as NVML names it */
         if (gpus[k].is_mig) {
