@@ -10,6 +10,8 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -17,9 +19,11 @@ import pytest
 from gpumon.analyze.trace_report import analyze_range, to_json
 from gpumon.config.settings import Config
 from gpumon.core.clock import VirtualClock
+from gpumon.serve import verdict_log
 from gpumon.serve.analysis_api import TURN_GRACE_S, AnalysisApi, Answer
 from gpumon.serve.cpu_budget import CpuBudget
 from gpumon.serve.daemon import Daemon
+from gpumon.serve.verdict_log import VerdictLog
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = "starved-cpu,healthy,healthy-then-starved,job-change,stalled,small-kernels"
@@ -243,37 +247,30 @@ def test_one_analysis_at_a_time_the_same_question_shares_its_answer(daemon: Daem
     assert other.status == 429 and dict(other.headers)["Retry-After"] == "1"
 
 
+def _job(job_id: str, user: str) -> Any:
+    return SimpleNamespace(job_id=job_id, user=user)
+
+
+def _gpu(index: int, jobs: list[Any], mig: int | None = None) -> Any:
+    """A tick's sample of one GPU, as the verdict log reads it."""
+    return SimpleNamespace(index=index, uuid=f"GPU-{index}", jobs=jobs, mig=mig)
+
+
+def _verdict(index: int, t: float, label: str, wasted: float) -> Any:
+    return SimpleNamespace(
+        index=index, uuid=f"GPU-{index}", name="H100", label=label, t_s=t, since_s=t - 5, wasted_gpu_s=wasted
+    )
+
+
 def test_the_verdict_log_gives_back_each_ticks_verdicts_with_the_jobs_of_that_tick() -> None:
     """The log packs a GPU's identity once while it holds: a job change shows from its tick on,
     never on the ticks before it, and every field comes back as recorded."""
-    from types import SimpleNamespace
-    from typing import Any
-
-    from gpumon.serve.verdict_log import VerdictLog
-
-    def job(job_id: str, user: str) -> Any:
-        return SimpleNamespace(job_id=job_id, user=user)
-
-    def gpu(index: int, jobs: list[Any], mig: int | None = None) -> Any:
-        return SimpleNamespace(index=index, uuid=f"GPU-{index}", jobs=jobs, mig=mig)
-
-    def verdict(index: int, t: float, label: str, wasted: float) -> Any:
-        return SimpleNamespace(
-            index=index,
-            uuid=f"GPU-{index}",
-            name="H100",
-            label=label,
-            t_s=t,
-            since_s=t - 5,
-            wasted_gpu_s=wasted,
-        )
-
     log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=60.0)
-    jobs_by_tick = [[job("1", "alice")], [job("2", "bob")], [job("2", "bob")], []]
+    jobs_by_tick = [[_job("1", "alice")], [_job("2", "bob")], [_job("2", "bob")], []]
     for k, jobs in enumerate(jobs_by_tick):
         t = 100.0 + k
-        tick: Any = SimpleNamespace(t_s=t, gpus=(gpu(0, jobs), gpu(1, [], mig=3)))
-        verdicts = [verdict(0, t, "starved (cpu)", 2.5 * k), verdict(1, t, "healthy", 0.0)]
+        tick: Any = SimpleNamespace(t_s=t, gpus=(_gpu(0, jobs), _gpu(1, [], mig=3)))
+        verdicts = [_verdict(0, t, "starved (cpu)", 2.5 * k), _verdict(1, t, "healthy", 0.0)]
         log.record(tick, verdicts, 1e9 + t, {}, 10)
     view = log.view()
     assert view is not None and [e.unix_s for e in view.ticks] == [1e9 + 100 + k for k in range(4)]
@@ -282,3 +279,19 @@ def test_the_verdict_log_gives_back_each_ticks_verdicts_with_the_jobs_of_that_ti
     assert first[0] == (0, "GPU-0", "H100", None, 101.0, "starved (cpu)", 96.0, 2.5, (("2", "bob"),))
     assert first[1] == (1, "GPU-1", "H100", 3, 101.0, "healthy", 96.0, 0.0, ())
     assert first[0].label == "starved (cpu)" and first[1].mig == 3
+
+
+def test_the_verdict_log_is_bounded_in_verdicts_whatever_the_gpu_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many GPUs at a short interval: the log keeps as many ticks as its bound in verdicts allows,
+    the newest (a range older than them is then replayed from the recording)."""
+    monkeypatch.setattr(verdict_log, "MAX_VERDICTS", 12)
+    log = VerdictLog(interval_s=0.05, preroll_s=0.0, kept_s=60.0)
+    for k in range(10):
+        t = 100.0 + 0.05 * k
+        tick: Any = SimpleNamespace(t_s=t, gpus=tuple(_gpu(i, []) for i in range(4)))
+        log.record(tick, [_verdict(i, t, "healthy", 0.0) for i in range(4)], 1e9 + t, {}, 10)
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0 + 0.05 * k for k in (7, 8, 9)]
+    assert all(len(e.gpus) == 4 for e in view.ticks)

@@ -22,6 +22,9 @@ KEPT_S = 900.0
 recording in a process of its own."""
 MAX_TICKS = 20_000
 """The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
+MAX_VERDICTS = 160_000
+"""The log's bound in GPU verdicts, whatever the GPU count: about 8 MB at most (8 GPUs: MAX_TICKS;
+64 GPUs: 2,500 ticks, 42 minutes at 1 s, two at 0.05 s; a range older is replayed)."""
 
 
 class Judged(NamedTuple):
@@ -128,6 +131,9 @@ class VerdictLog:
         if len(idents) > 2 * len(samples) + 8:  # GPUs gone (MIG instances remade): forget them
             self._idents = {key: ident for key, ident in idents.items() if key in samples}
         self._ticks.append(Logged(unix_s, tick.t_s, tuple(packed)))
+        per_tick = max(1, len(packed) // _PER_GPU)
+        while len(self._ticks) * per_tick > MAX_VERDICTS:  # many GPUs at a short interval
+            self._ticks.popleft()  # atomic, as the append: view() copies the deque whole
         self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
 
     def thresholds_changed(self, unix_s: float) -> None:
