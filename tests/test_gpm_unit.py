@@ -49,7 +49,7 @@ def expected(answers: list[tuple[int, float]]) -> GpmActivity:
     )
 
 
-EDGES = [0.0, -3.0, 100.0, 100.04, 250.0, 99.95, 0.05, 0.0499, 12.3456, 1e-9, 2.5e4, math.inf]
+EDGES = [0.0, -3.0, 100.0, 100.04, 250.0, 99.95, 0.05, 0.0499, 12.3456, 1e-9, 2.5e4, math.inf, math.nan]
 
 
 @pytest.mark.parametrize("failing", [None, 0, 3, 8, 11])

@@ -355,7 +355,7 @@ def test_pcie_traffic_comes_from_gpm_where_it_gives_it_and_from_the_counters_whe
                 fn = getattr(pynvml, name)
                 if name != "nvmlDeviceGetPcieThroughput":
                     return fn
-                return lambda *a: asked.append(1) or fn(*a)
+                return lambda *a: asked.append(1) or fn(*a) + 1  # 1 KB/s more: which one is told
         src = NvmlSource(Counting()); src.open()
         for t in (1.0, 2.0, 3.0, 3.05, 4.0, 5.0):
             os.environ["FAKENVML_NOW_US"] = str(int(t * 1_000_000))
@@ -367,11 +367,11 @@ def test_pcie_traffic_comes_from_gpm_where_it_gives_it_and_from_the_counters_whe
     )
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
-    two_gib = str(2048 * 1024 * 1024.0)
-    assert rows[0] == ["2", two_gib, "None"], "the first tick: no GPM pair yet, the counters"
+    two_gib, counter = str(2048 * 1024 * 1024.0), str((2048 * 1024 + 1) * 1024.0)
+    assert rows[0] == ["2", counter, "None"], "the first tick: no GPM pair yet, the counters"
     assert rows[1] == ["2", two_gib, two_gib], "GPM's figure as soon as it gives one"
     assert rows[2] == ["0", two_gib, two_gib], "and from then on the counters are not asked"
-    assert rows[3] == ["2", two_gib, "None"], "50 ms after the last tick GPM gives nothing: the counters"
+    assert rows[3] == ["2", counter, "None"], "50 ms after the last tick GPM gives nothing: the counters"
     assert rows[4:] == [["2", two_gib, two_gib], ["0", two_gib, two_gib]]
 
 

@@ -124,10 +124,10 @@ class _Request:
             values = self._values.unpack(raw)
             split = self._split
             out = [
-                0.0 if v <= 0 else round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS
+                round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS if v > 0 else 0.0
                 for v in values[:split]
             ]
-            out += [0.0 if v <= 0 else v * _MIB for v in values[split:]]
+            out += [v * _MIB if v > 0 else 0.0 for v in values[split:]]  # not above 0 (NaN too): 0
             return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
         return tuple.__new__(  # GpmActivity(*values), without its Python __new__
             GpmActivity,
@@ -135,7 +135,7 @@ class _Request:
                 None
                 if ret
                 else 0.0
-                if value <= 0
+                if not value > 0  # NaN too, as `between` reads it
                 else (
                     round((x if (x := value * scale) < 1.0 else 1.0) * STEPS) / STEPS
                     if ratio
@@ -241,9 +241,11 @@ class GpmUnit:
             return None  # too soon after the last: NVML would give nothing
         new = 0 if last is None else 1 - last  # two buffers, in turn
         self._take(self._samples[new])
+        # as `tick`: the metrics first, so that after a failed call the next covers both ticks
+        found = None if last is None else self._full.activity(last, new)
         self._anchor = self._last = new
         self._last_t = t_s
-        return None if last is None else self._full.activity(last, new)
+        return found
 
     def free(self) -> None:
         for s in self._samples:
