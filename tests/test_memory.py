@@ -52,20 +52,22 @@ def test_pages_freed_by_a_thread_go_back_to_the_system_when_trimmed() -> None:
 def test_the_daemon_trims_once_per_period_of_real_time() -> None:
     from .test_serve import simulated_daemon
 
+    from gpumon.serve.daemon import TRIM_EVERY_S
+
     d = simulated_daemon(seconds=1)
     calls: list[float] = []
     now = [0.0]
     d._trim_clock = lambda: now[0]
-    d._next_trim = 600.0
+    d._next_trim = TRIM_EVERY_S
     real = memory.trim
     try:
         memory.trim = lambda: calls.append(now[0]) or True  # type: ignore[assignment,func-returns-value]
         for t in range(2, 40):
-            now[0] = t * 50.0  # 50 s of real time per tick: a trim at 600, 1200 and 1800 s
+            now[0] = t * TRIM_EVERY_S / 12  # 12 ticks a period of real time: a trim every 12th
             d.sampler.tick(float(t))
     finally:
         memory.trim = real  # type: ignore[assignment]
-    assert calls == [600.0, 1200.0, 1800.0]
+    assert calls == [TRIM_EVERY_S, 2 * TRIM_EVERY_S, 3 * TRIM_EVERY_S]
 
 
 SERVE_AND_LOOK = """

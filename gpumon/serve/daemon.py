@@ -54,8 +54,10 @@ log = logging.getLogger("gpumon")
 FIRST_TICK_S = 0.0
 """The first sample comes as soon as the sources are open (later ones on the interval's grid); it
 carries the GPUs, the host's rates come from the second tick on (Sampler.start)."""
-TRIM_EVERY_S = 600.0
-"""How often (real time) the sampling thread hands malloc's free pages back (gpumon.core.memory)."""
+TRIM_EVERY_S = 60.0
+"""How often (real time) the sampling thread hands malloc's free pages back (gpumon.core.memory):
+a trim takes 0.2-0.5 ms here (a thousandth of a per cent of a core at this cadence), and every ten
+minutes the RSS rose between trims by what it then gave back (0.2-0.4 MB, benchmarks.soak_serve)."""
 RECENT_EPISODES = 20
 """Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 
