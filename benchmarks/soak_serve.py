@@ -1,7 +1,7 @@
 """Memory of a real `gpumon serve` in real time, with the recorder on, scraped as a fleet scrapes it.
 
     .venv/bin/python -m benchmarks.soak_serve [--minutes 120] [--gpus 8] [--scrapes-per-s 5]
-                                              [--csv FILE]
+                                              [--state-every-s 10] [--interval 1] [--csv FILE]
 
 A `gpumon serve` process on the stand-in libnvidia-ml.so.1 (tests/fakenvml, 8 GPUs, driver samples
 every 1/6 s on the real clock), 1 s cadence, the flight recorder on (segments in a temporary
@@ -12,6 +12,10 @@ windows and the recorder's first segment fill, caches warm up) its slope, by lea
 the growth per hour. Goal (issue 29): <= 0.05 MB/h. The slope after 20 minutes is printed too: by
 then the range API's 15-minute verdict log is full as well (what fills is not what grows). A slope
 needs two readings past its start: a shorter run says "n/a".
+
+To tell what grows with what, run it faster on one side: `--interval 0.05 --scrapes-per-s 0` (20
+times the ticks, never scraped) beside `--scrapes-per-s 100 --state-every-s 0.5` (20 times the
+requests): whichever grows after its stores are full names the suspect (docs/benchmarks.md).
 
 benchmarks/soak.py is the accelerated, in-process companion (hours of ticks in minutes, suspects
 measured one at a time); this one is the daemon as deployed, in real time.
@@ -80,7 +84,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=120)
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--scrapes-per-s", type=float, default=5)
+    ap.add_argument("--scrapes-per-s", type=float, default=5, help="0: never scraped")
+    ap.add_argument("--state-every-s", type=float, default=10.0, help="/api/v1/state this often (0: never)")
+    ap.add_argument("--interval", default="1", help="the daemon's --interval (seconds)")
     ap.add_argument("--csv", type=Path, help="write (seconds, RSS MB) here as they come")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -94,6 +100,7 @@ def main() -> None:
         env = driver.environment(config, PYTHONPATH=str(ROOT))
         env.pop("FAKENVML_NOW_US", None)
         cmd = [sys.executable, "-m", "gpumon", "serve", "--listen", "127.0.0.1:0", "--log-level", "info"]
+        cmd += ["--interval", args.interval]
         log = tmp / "serve.log"
         with log.open("w") as err:
             proc = subprocess.Popen([*cmd, "--record-dir", str(tmp / "rec")], cwd=tmp, env=env, stderr=err)
@@ -105,18 +112,20 @@ def main() -> None:
             out = args.csv.open("w") if args.csv else None
             k = 0
             next_rss = next_state = 0.0
-            gap = 1.0 / args.scrapes_per_s
+            gap = 1.0 / args.scrapes_per_s if args.scrapes_per_s > 0 else 1.0
             while (now := time.monotonic() - began) < args.minutes * 60:
-                if k % 2 == 0:
+                if args.scrapes_per_s <= 0:
+                    pass  # never scraped: the loop only reads the RSS (and the state API, if asked)
+                elif k % 2 == 0:
                     get(keep, "/metrics")
                 else:
                     fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                     get(fresh, "/metrics")
                     fresh.close()
                 k += 1
-                if now >= next_state:
+                if args.state_every_s > 0 and now >= next_state:
                     get(keep, "/api/v1/state")
-                    next_state += 10.0
+                    next_state += args.state_every_s
                 if now >= next_rss:
                     mb = rss_mb(proc.pid)
                     points.append((now, mb))
@@ -129,11 +138,12 @@ def main() -> None:
             full = [p for p in points if p[0] >= FULL_S]
             first = points[0][1] if points else 0.0
             print(
-                f"gpumon serve, {args.gpus} stand-in GPUs, recorder on, {args.scrapes_per_s:g} scrapes/s "
-                f"(half new connections) + /api/v1/state every 10 s, {args.minutes:g} min: RSS "
+                f"gpumon serve, {args.gpus} stand-in GPUs, {args.interval} s ticks, recorder on, "
+                f"{args.scrapes_per_s:g} scrapes/s (half new connections) + /api/v1/state every "
+                f"{args.state_every_s:g} s (0: never), {args.minutes:g} min: RSS "
                 f"{first:.1f} MB at start, {points[-1][1]:.1f} MB at the end; slope after 10 min "
                 f"{slope_text(after)} (goal <= 0.05), after 20 min (the verdict log full too) "
-                f"{slope_text(full)}; {k} scrapes"
+                f"{slope_text(full)}; {k if args.scrapes_per_s > 0 else 0} scrapes"
             )
         finally:
             proc.terminate()
