@@ -50,9 +50,9 @@ def test_pages_freed_by_a_thread_go_back_to_the_system_when_trimmed() -> None:
 
 
 def test_the_daemon_trims_once_per_period_of_real_time() -> None:
-    from .test_serve import simulated_daemon
-
     from gpumon.serve.daemon import TRIM_EVERY_S
+
+    from .test_serve import simulated_daemon
 
     d = simulated_daemon(seconds=1)
     calls: list[float] = []
