@@ -112,38 +112,23 @@ class _Request:
         )
 
     def activity(self, older: int, newer: int) -> GpmActivity:
-        """METRICS between two samples as a GpmActivity, by activity_of's rules, read from the
-        metrics' memory (this runs for every GPU on every tick): the usual answer, every metric
-        given, in two unpacks (the return codes, then the values) and a pass per kind; one with a
-        metric that failed (None there) metric by metric."""
-        if self._raw is None:
-            return activity_of(self.between(older, newer))
+        """METRICS between two samples as a GpmActivity, by activity_of's rules (this runs for every
+        GPU on every tick): the usual answer, every metric given, read from the metrics' memory in
+        two unpacks (the return codes, then the values) and a pass per kind; one with a metric that
+        failed (None there), metric by metric."""
         self._fill(older, newer)
-        raw = self._raw.raw
-        if self._one_scale and not any(self._returns.unpack(raw)):
-            values = self._values.unpack(raw)
-            split = self._split
-            out = [
-                round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS if v > 0 else 0.0
-                for v in values[:split]
-            ]
-            out += [v * _MIB if v > 0 else 0.0 for v in values[split:]]  # not above 0 (NaN too): 0
-            return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
-        return tuple.__new__(  # GpmActivity(*values), without its Python __new__
-            GpmActivity,
-            [
-                None
-                if ret
-                else 0.0
-                if not value > 0  # NaN too, as `between` reads it
-                else (
-                    round((x if (x := value * scale) < 1.0 else 1.0) * STEPS) / STEPS
-                    if ratio
-                    else value * scale
-                )
-                for (_, ret, value), (scale, ratio) in zip(_METRIC.iter_unpack(raw), self._kinds, strict=True)
-            ],
-        )
+        if self._raw is not None and self._one_scale:
+            raw = self._raw.raw
+            if not any(self._returns.unpack(raw)):
+                values = self._values.unpack(raw)
+                split = self._split
+                out = [
+                    round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS if v > 0 else 0.0
+                    for v in values[:split]
+                ]
+                out += [v * _MIB if v > 0 else 0.0 for v in values[split:]]  # not above 0 (NaN too): 0
+                return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
+        return activity_of(self._read())
 
     def _fill(self, older: int, newer: int) -> None:
         get = self._get
@@ -156,8 +141,13 @@ class _Request:
         self._nv.nvmlGpmMetricsGet(get)
 
     def between(self, older: int, newer: int) -> list[float | None]:
-        get = self._get
+        """The metrics between two samples, scaled (see _read)."""
         self._fill(older, newer)
+        return self._read()
+
+    def _read(self) -> list[float | None]:
+        """The metrics the last call filled in, in gpumon's units: None where the driver failed
+        one, 0 where it was not above 0 (NaN too)."""
         if self._raw is not None:
             found = _METRIC.iter_unpack(self._raw.raw)
             return [
@@ -166,7 +156,7 @@ class _Request:
             ]
         out: list[float | None] = []
         for i, scale in enumerate(self._scales):
-            m = get.metrics[i]
+            m = self._get.metrics[i]
             out.append(None if m.nvmlReturn != 0 else max(0.0, float(m.value)) * scale)
         return out
 
