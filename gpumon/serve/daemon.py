@@ -56,8 +56,9 @@ FIRST_TICK_S = 0.0
 carries the GPUs, the host's rates come from the second tick on (Sampler.start)."""
 TRIM_EVERY_S = 60.0
 """How often (real time) the sampling thread hands malloc's free pages back (gpumon.core.memory):
-a trim takes 0.2-0.5 ms here (a thousandth of a per cent of a core at this cadence), and every ten
-minutes the RSS rose between trims by what it then gave back (0.2-0.4 MB, benchmarks.soak_serve)."""
+a trim takes 0.2-0.5 ms here (a thousandth of a per cent of a core at this cadence). Every ten
+minutes, the RSS rose between trims by what the next gave back (0.2-0.4 MB); side by side with that,
+a minute's trim held the same level within the noise, with lower peaks (docs/benchmarks.md)."""
 RECENT_EPISODES = 20
 """Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
 

@@ -52,7 +52,7 @@ _PER_GPU = 5
 
 class Logged:
     """One tick's verdicts, packed: a flat tuple of five references per GPU, its identity shared
-    with the ticks before while it holds (a third of the memory of a Judged per GPU; the log keeps
+    with the ticks before while it holds (less than half the memory of a Judged per GPU; the log keeps
     up to MAX_TICKS of them). `gpus` unpacks them as Judged."""
 
     __slots__ = ("_packed", "t_s", "unix_s")

@@ -76,7 +76,6 @@ class _Request:
             get.metrics[i].metricId = metric_id
         self._get = get
         self._scales = [scale for _, _, scale in metrics]
-        self._kinds = [(scale, name.endswith("_ratio")) for _, name, scale in metrics]
         self._raw: Any = None
         # pynvml's structs check every attribute set in Python; ctypes' own setter does not
         self._set: Callable[[Any, str, Any], None] = setattr
@@ -102,13 +101,12 @@ class _Request:
         # where the ratios come first and each kind has one scale (as METRICS)
         self._returns = struct.Struct("=" + "4xi32x" * len(metrics))
         self._values = struct.Struct("=" + "8xd24x" * len(metrics))
-        ratios = [scale for scale, ratio in self._kinds if ratio]
-        rest = [scale for scale, ratio in self._kinds if not ratio]
-        self._split = len(ratios)
+        is_ratio = [name.endswith("_ratio") for _, name, _ in metrics]
+        self._split = sum(is_ratio)
         self._one_scale = (
-            all(ratio for _, ratio in self._kinds[: self._split])
-            and set(ratios) <= {_PERCENT}
-            and set(rest) <= {_MIB}
+            all(is_ratio[: self._split])
+            and {scale for scale, r in zip(self._scales, is_ratio, strict=True) if r} <= {_PERCENT}
+            and {scale for scale, r in zip(self._scales, is_ratio, strict=True) if not r} <= {_MIB}
         )
 
     def activity(self, older: int, newer: int) -> GpmActivity:
@@ -223,14 +221,13 @@ class GpmUnit:
 
     def activity(self, t_s: float) -> GpmActivity | None:
         """METRICS since the previous tick, as a GpmActivity: `tick` without the graphics activity
-        of a fast unit, written out for the units that are not (every GPU, every tick)."""
+        of a fast unit (every GPU, every tick: no pair of figures built to drop one)."""
         if self._quick is not None:
             return self.tick(t_s)[1]
         last = self._last
-        if last is not None and t_s - self._last_t <= MIN_APART_S:
-            return None  # too soon after the last: NVML would give nothing
-        new = 0 if last is None else 1 - last  # two buffers, in turn
-        self._take(self._samples[new])
+        new = self._sample(t_s)
+        if new is None:
+            return None
         # as `tick`: the metrics first, so that after a failed call the next covers both ticks
         found = None if last is None else self._full.activity(last, new)
         self._anchor = self._last = new
