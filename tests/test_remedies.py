@@ -4,6 +4,7 @@ as the classifier is tested; the advisor on episodes; the straggler that moves."
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -314,6 +315,49 @@ def test_an_episodes_inputs_are_medians_so_one_odd_window_does_not_move_them() -
     assert hidden.main_cores is None and not hidden.job_seen
 
 
+def test_median_inputs_is_each_fields_median_over_the_windows_that_know_it() -> None:
+    """The column-wise medians, against the rule written out plainly, on random windows with
+    unknowns, flags both ways, odd and even counts (and none)."""
+    import statistics
+
+    rng = random.Random(7)
+
+    def maybe(x: float) -> float | None:
+        return None if rng.random() < 0.3 else x
+
+    for n in [0, 1, 2, 3, 6, 7, 60]:
+        windows = [
+            RemedyInputs(
+                duty=rng.random(),
+                job_seen=rng.random() < 0.5,
+                coarse_blur=rng.random() < 0.2,
+                cpu_count=rng.choice([None, 2, 8, 64]),
+                main_cores=maybe(rng.random()),
+                worker_cores=maybe(3 * rng.random()),
+                busiest_worker_cores=maybe(rng.random()),
+                workers=rng.choice([None, 0, 1, 2, 3]),
+                host_busy_cores=maybe(8 * rng.random()),
+                disk_busy_ratio=maybe(rng.random()),
+                read_bytes_per_s=maybe(1e9 * rng.random()),
+                peer_cores=rng.random(),
+            )
+            for _ in range(n)
+        ]
+        expected = {}
+        for name in RemedyInputs._fields:
+            values = [getattr(w, name) for w in windows]
+            known = [v for v in values if v is not None]
+            if name in ("job_seen", "coarse_blur"):
+                expected[name] = sum(map(bool, values)) * 2 > len(values)
+            elif not known or len(known) * 2 < len(values):
+                expected[name] = None
+            elif name in ("cpu_count", "workers"):
+                expected[name] = statistics.median_low(known)
+            else:
+                expected[name] = statistics.median(known)
+        assert median_inputs(windows)._asdict() == expected, n
+
+
 # -- data-parallel: the straggler -------------------------------------------------------------------
 
 
@@ -421,3 +465,30 @@ def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
         return found
 
     assert speedups(advice(True))[2] < speedups(advice(False))[2]
+
+
+def test_the_advice_follows_new_windows_and_new_thresholds_not_the_clock_alone() -> None:
+    """Worked out again (at most every RECOMPUTE_S) only when the episode's windows or the
+    thresholds changed: the same advice otherwise, and a change shows at the next recompute."""
+    from gpumon.detect.advisor import RECOMPUTE_S
+    from gpumon.detect.thresholds import DEFAULT_THRESHOLDS
+
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    for t in range(20):
+        advisor.feed([verdict(float(t), STARVED_EV)])
+    first = advisor.current(key, 20.0)
+    assert first is not None and first.kind == Kind.PREDICTED and first.best is not None
+    assert first.best.workers == 4
+    # the episode goes on with two workers now: the next recompute reads them
+    two = STARVED_EV._replace(loader_workers=2, job_cpu_cores=2.3, busiest_child_cpu_cores=1.0)
+    for t in range(20, 200):
+        advisor.feed([verdict(float(t), two)])
+    assert advisor.current(key, 20.0 + RECOMPUTE_S / 2) is first  # not yet: at most every RECOMPUTE_S
+    later = advisor.current(key, 200.0)
+    assert later is not None and later.workers == 2 and later != first
+    assert advisor.current(key, 200.0 + 2 * RECOMPUTE_S) == later  # nothing new: the same advice
+    # thresholds with a longer window: fewer of the windows count as settled
+    advisor.thresholds = replace(DEFAULT_THRESHOLDS, window_s=DEFAULT_THRESHOLDS.window_s * 10)
+    again = advisor.current(key, 200.0 + 4 * RECOMPUTE_S)
+    assert again is not None and again is not later

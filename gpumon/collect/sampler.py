@@ -67,6 +67,13 @@ class SourceStats:
     last_error: str | None = None
     """Why the last reading failed (None after a success)."""
 
+    def copy(self) -> SourceStats:
+        """A copy, field for field (dataclasses.replace takes ~5 us; the daemon copies each
+        source's after every tick)."""
+        new = object.__new__(SourceStats)
+        new.__dict__.update(self.__dict__)
+        return new
+
 
 class GpuHistory:
     """A bounded window of one GPU's samples and sub-second utilization points."""

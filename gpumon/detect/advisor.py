@@ -32,6 +32,10 @@ class _Episode:
     windows: deque[tuple[float, RemedyInputs]] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
     advice: Advice | None = None
     advised_t_s: float = -float("inf")
+    changes: int = 0
+    """Bumped when `windows` (or the cause) changes: the advice is a function of them alone."""
+    advised: tuple[int, Thresholds] | None = None
+    """(changes, thresholds) when `advice` was worked out."""
 
 
 class Advisor:
@@ -55,11 +59,13 @@ class Advisor:
             if ep.cause != v.cause:  # the cause refined (host, then cpu): its windows start afresh
                 ep.cause = v.cause
                 ep.windows.clear()
+                ep.changes += 1
             # the episode's steady windows: its own label, and whole inside it (not its onset)
             if v.state == State.STARVED and v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9:
                 inputs = RemedyInputs.of(v.evidence, peers.get(key, 0.0))
                 if inputs is not None:
                     ep.windows.append((v.t_s, inputs))
+                    ep.changes += 1
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
         kept = self._closed.setdefault(key, deque(maxlen=MAX_EPISODES_KEPT))
@@ -80,9 +86,13 @@ class Advisor:
         ep = self._open.get(key)
         if ep is None:
             return None
-        # (an episode with nothing to advise is asked again after RECOMPUTE_S too, not every tick)
+        # at most every RECOMPUTE_S, and only when a window came (or went) since: an episode with
+        # no steady windows (any state but starved) is worked out once
         if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S:
-            ep.advice = self._advise(ep)
+            basis = (ep.changes, self.thresholds)
+            if ep.advised != basis:
+                ep.advice = self._advise(ep)
+                ep.advised = basis
             ep.advised_t_s = t_s if t_s is not None else ep.advised_t_s
         return ep.advice
 

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpumon.collect.pipeline import Pipeline
@@ -156,7 +155,7 @@ class Daemon:
             tick=tick,
             verdicts=tuple(verdicts),
             counters=counters,
-            sources={k: replace(v) for k, v in self.sampler.stats.items()},
+            sources={k: v.copy() for k, v in self.sampler.stats.items()},
             ticks=self.sampler.ticks,
             skipped_ticks=self.sampler.skipped_ticks,
             source_description=self.sources.description,
