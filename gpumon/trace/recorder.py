@@ -45,9 +45,11 @@ RETRY_S = 30.0
 RETENTION_EVERY_S = 60.0
 QUEUE_TICKS = 600
 SYNC_EVERY_S = 5.0
-"""The ticks are handed to the OS (decodable) every 5 s of their own time, and after 5 s without a
-tick, not after each one: a deflate block per tick made a GPU-day 30% larger (docs/recorder.md). So
-a kill -9 loses at most the last 5 s of ticks; fsync follows every 5 s (a power cut: 10 s)."""
+"""The ticks are handed to the OS (decodable) every 5 s, not after each one: a deflate block per tick
+made a GPU-day 30% larger (docs/recorder.md). So a kill -9 loses at most the last 5 s of ticks;
+fsync follows every 5 s (a power cut: 10 s). In real time the recorder's thread also wakes only
+that often, and writes the ticks queued since in one go: a wake-up per tick was a fifth of an
+idle daemon's CPU (benchmarks/serve_idle.py)."""
 HOLD_MAX_S = 2.0
 """The longest a `held` recorder's thread waits for `release` (the daemon's first sample published)
 before it takes its first tick: see Recorder."""
@@ -105,6 +107,10 @@ class Recorder:
         if not held:
             self._released.set()
         self._queue: queue.Queue[Tick | object | None] = queue.Queue(maxsize=queue_ticks)
+        self._wake = threading.Event()
+        """Set when the thread must not wait for its SYNC_EVERY_S: a flush, a close, a queue half
+        full, or every tick when `block` (a simulation at full speed)."""
+        self._wake_at = max(1, queue_ticks // 2)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stats = RecorderStats(directory, up=True)
@@ -132,16 +138,20 @@ class Recorder:
         """From the sampler, after each tick: never waits on the disk (unless `block`)."""
         try:
             if self._block:
+                self._wake.set()
                 self._queue.put(tick)
             else:
                 self._queue.put_nowait(tick)
         except queue.Full:
             with self._lock:
                 self._stats = self._stats._replace(dropped_ticks=self._stats.dropped_ticks + 1)
+        if self._block or self._queue.qsize() >= self._wake_at:
+            self._wake.set()
 
     def flush(self) -> None:
         """Wait until every submitted tick is handed to the OS, decodable (tests, shutdown)."""
         self._queue.put(_SYNC)
+        self._wake.set()
         self._queue.join()
 
     def release(self) -> None:
@@ -157,6 +167,7 @@ class Recorder:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             log.warning("recorder: the disk is too slow to take the last ticks: they are dropped")
+        self._wake.set()
         self._thread.join(timeout_s)
         self._thread = None
 
@@ -169,21 +180,25 @@ class Recorder:
     def _run(self) -> None:
         self._released.wait(HOLD_MAX_S)
         while True:
-            try:
-                item = self._queue.get(timeout=SYNC_EVERY_S)
-            except queue.Empty:  # no tick for a while (a stalled sampler): what was written goes out
+            self._wake.wait(SYNC_EVERY_S)
+            self._wake.clear()
+            while True:  # what was queued since: written in one go
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    if item is None:
+                        self._guarded(self._end_segment, "stopped")
+                        return
+                    if isinstance(item, Tick):
+                        self._guarded(self._record, item)
+                    else:
+                        self._guarded(self._sync, None)
+                finally:
+                    self._queue.task_done()
+            if not self._block:  # in real time, every SYNC_EVERY_S (and a stalled sampler's last ticks)
                 self._guarded(self._sync, None)
-                continue
-            try:
-                if item is None:
-                    self._guarded(self._end_segment, "stopped")
-                    return
-                if isinstance(item, Tick):
-                    self._guarded(self._record, item)
-                else:
-                    self._guarded(self._sync, None)
-            finally:
-                self._queue.task_done()
 
     def _guarded(self, step: Callable[[Any], None], arg: Any) -> None:
         try:
