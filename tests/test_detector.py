@@ -466,6 +466,29 @@ def test_episode_memory_is_bounded() -> None:
     assert sum(det.episodes_started.values()) > MAX_EPISODES_KEPT
 
 
+def test_the_daemon_keeps_the_episodes_its_state_api_shows_and_counts_them_all() -> None:
+    """A long-running daemon remembers the last EPISODES_KEPT closed episodes per GPU (what
+    /api/v1/state lists), not the detector's default 200 (~4.5 KB each): its totals count every one."""
+    from gpumon.config.settings import Config
+    from gpumon.core.clock import VirtualClock
+    from gpumon.serve.sampling import EPISODES_KEPT, daemon_pipeline
+
+    assert EPISODES_KEPT < MAX_EPISODES_KEPT
+    pipeline = daemon_pipeline(Config(simulate="healthy"), VirtualClock())
+    try:
+        fleet = pipeline.detector.fleet
+        fleet.thresholds = Thresholds(confirm_s=0.0)  # every change confirmed at once: many episodes
+        for k, duty in enumerate(([0.95] * 3 + [0.3] * 3) * (EPISODES_KEPT + 10)):
+            w = window([duty] * 48)
+            fleet.feed([w._replace(t_s=k + 1.0, gpu=w.gpu._replace(t_s=k + 1.0))])
+        (det,) = fleet.gpus.values()
+        assert len(det.episodes) == EPISODES_KEPT
+        assert det.episodes[-1].end_s is not None and det.episodes[-1].end_s > 6 * EPISODES_KEPT
+        assert sum(det.episodes_started.values()) > EPISODES_KEPT + 10
+    finally:
+        pipeline.close()
+
+
 def test_an_episodes_evidence_comes_from_its_steady_part_not_the_teardown() -> None:
     """A CPU-starved job whose loaders exit while the GPU sits on (a checkpoint, a teardown): the
     starved-cpu episode must show a window of the starvation itself, never one after the loaders

@@ -41,8 +41,12 @@ class _Episode:
 class Advisor:
     """Feed it every tick's verdicts; ask it for each GPU's advice now, or per episode."""
 
-    def __init__(self, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+    def __init__(
+        self, thresholds: Thresholds = DEFAULT_THRESHOLDS, episodes_kept: int = MAX_EPISODES_KEPT
+    ) -> None:
         self.thresholds = thresholds
+        self._episodes_kept = episodes_kept
+        """Closed episodes' advice remembered per GPU (`episodes`), as the detector's episodes."""
         self._open: dict[GpuKey, _Episode] = {}
         self._closed: dict[GpuKey, deque[tuple[float, Advice | None]]] = {}
 
@@ -68,7 +72,7 @@ class Advisor:
                     ep.changes += 1
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
-        kept = self._closed.setdefault(key, deque(maxlen=MAX_EPISODES_KEPT))
+        kept = self._closed.setdefault(key, deque(maxlen=self._episodes_kept))
         kept.append((ep.start_s, self._advise(ep)))
 
     def _advise(self, ep: _Episode) -> Advice | None:

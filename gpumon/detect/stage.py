@@ -15,7 +15,7 @@ from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.detect.advisor import Advisor
 from gpumon.detect.evidence import GpuWindow
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from gpumon.detect.tracker import FleetDetector, Verdict
+from gpumon.detect.tracker import MAX_EPISODES_KEPT, FleetDetector, Verdict
 
 T = TypeVar("T")
 
@@ -70,11 +70,17 @@ class DetectorSink:
     """The detector stage of the pipeline: after each tick, a window per GPU in, verdicts out.
     Keeps the latest verdicts (what the daemon publishes)."""
 
-    def __init__(self, sampler: HistoriesLike, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+    def __init__(
+        self,
+        sampler: HistoriesLike,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
+        episodes_kept: int = MAX_EPISODES_KEPT,
+    ) -> None:
+        """`episodes_kept`: closed episodes remembered per GPU (and their advice)."""
         self.sampler = sampler
         self.thresholds = thresholds
-        self.fleet = FleetDetector(thresholds)
-        self.advisor = Advisor(thresholds)
+        self.fleet = FleetDetector(thresholds, episodes_kept)
+        self.advisor = Advisor(thresholds, episodes_kept)
         """What a fix buys, per GPU and episode (docs/detector.md)."""
         self.latest: list[Verdict] = []
 

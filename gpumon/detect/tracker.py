@@ -13,7 +13,8 @@ from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 
 MAX_EPISODES_KEPT = 200
-"""Closed episodes remembered per GPU (a long-running daemon stays bounded; totals are kept)."""
+"""Closed episodes remembered per GPU, by default (`episodes_kept`): what `analyze` and `report` list
+(totals are kept whole). The daemon keeps fewer: the state API's (gpumon.serve.sampling)."""
 MAX_CAUSES_KEPT = 32
 """Cause changes remembered per episode: its first cause and the latest changes. A starved episode
 can last days while its cause swings between cpu and io every few minutes; every change kept, it
@@ -133,9 +134,11 @@ class StarvationDetector:
     wasted_gpu_s: float = 0.0
     episodes_started: dict[str, int] = field(default_factory=dict)
     starved_seconds_by_cause: dict[Cause, float] = field(default_factory=dict)
+    episodes_kept: int = MAX_EPISODES_KEPT
+    """Closed episodes remembered (each holds its worst window's evidence: ~4.5 KB)."""
 
     def __post_init__(self) -> None:
-        self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES_KEPT)
+        self.episodes: deque[Episode] = deque(maxlen=self.episodes_kept)
         self._open: _Open | None = None
         self._candidate: State | None = None
         """A state seen but not yet confirmed (the cause does not take part: see feed)."""
@@ -371,8 +374,11 @@ class StarvationDetector:
 class FleetDetector:
     """One StarvationDetector per GPU (keyed by index and UUID, so a replaced board starts fresh)."""
 
-    def __init__(self, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
+    def __init__(
+        self, thresholds: Thresholds = DEFAULT_THRESHOLDS, episodes_kept: int = MAX_EPISODES_KEPT
+    ) -> None:
         self.thresholds = thresholds
+        self.episodes_kept = episodes_kept
         self.gpus: dict[tuple[int, str], StarvationDetector] = {}
         self._last: dict[tuple[int, str], Verdict] = {}
         """The previous tick's verdicts: a GPU's starved peers are read from them."""
@@ -389,7 +395,7 @@ class FleetDetector:
             key = (w.gpu.index, w.gpu.uuid)
             det = self.gpus.get(key)
             if det is None:
-                det = self.gpus[key] = StarvationDetector(self.thresholds)
+                det = self.gpus[key] = StarvationDetector(self.thresholds, episodes_kept=self.episodes_kept)
             parent_of = instances.get(w.gpu.index, 0) if w.gpu.mig is None else 0
             peer = self._waited_for(w, key, starved) if starved and w.gpu.mig is None else None
             verdict = det.feed(w, mig_instances=parent_of, waiting_for=peer)

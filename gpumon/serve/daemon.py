@@ -36,7 +36,7 @@ from gpumon.serve import health
 from gpumon.serve.exposition import Exposition
 from gpumon.serve.http import Routes, WebServer
 from gpumon.serve.landing import landing_page
-from gpumon.serve.sampling import daemon_pipeline
+from gpumon.serve.sampling import EPISODES_KEPT, daemon_pipeline
 from gpumon.serve.sdnotify import Notifier
 from gpumon.serve.signals import DAEMON_SIGNALS, block_signals, wake_main_thread
 from gpumon.serve.snapshot import GpuCounters, Snapshot, to_state_json
@@ -58,8 +58,8 @@ TRIM_EVERY_S = 60.0
 a trim takes 0.2-0.5 ms here (a thousandth of a per cent of a core at this cadence). Every ten
 minutes, the RSS rose between trims by what the next gave back (0.2-0.4 MB); side by side with that,
 a minute's trim held the same level within the noise, with lower peaks (docs/benchmarks.md)."""
-RECENT_EPISODES = 20
-"""Episodes per GPU in the state API (the detector keeps more; `gpumon report` reads these)."""
+RECENT_EPISODES = EPISODES_KEPT
+"""Episodes per GPU in the state API (`gpumon report` reads these): all the detector keeps."""
 
 
 class Daemon:

@@ -12,6 +12,11 @@ from gpumon.config.sources import attribution_spec, source_spec
 from gpumon.core.clock import Clock
 from gpumon.core.problems import Problems
 
+EPISODES_KEPT = 20
+"""Closed episodes per GPU in the state API, and all the daemon's detector remembers (the detector's
+own default is 200, for `analyze`; each episode holds its worst window's evidence, ~4.5 KB: 200
+per GPU was ~1 MB per GPU once a long-running daemon had seen them, and nothing read past these)."""
+
 
 def daemon_pipeline(
     cfg: Config,
@@ -35,4 +40,5 @@ def daemon_pipeline(
         problems=problems,
         attribution=attribution_spec(cfg),
         open_in_background=open_in_background,
+        episodes_kept=EPISODES_KEPT,
     )

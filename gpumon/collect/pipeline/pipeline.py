@@ -18,7 +18,7 @@ from gpumon.core.problems import Problems
 from gpumon.core.threads import named_thread
 from gpumon.detect.stage import DetectorSink
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from gpumon.detect.tracker import Verdict
+from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict
 
 if TYPE_CHECKING:
     from gpumon.collect.sources.kubelet import KubeletClient
@@ -58,8 +58,11 @@ class Pipeline:
         problems: Problems | None = None,
         attribution: AttributionSpec | None = DEFAULT_ATTRIBUTION,
         open_in_background: bool = False,
+        episodes_kept: int = MAX_EPISODES_KEPT,
     ) -> None:
-        """`open_in_background`: the driver is opened (nvmlInit, supervised as ever) on a thread of
+        """`episodes_kept`: closed episodes the detector remembers per GPU.
+
+        `open_in_background`: the driver is opened (nvmlInit, supervised as ever) on a thread of
         its own, and `run` or `poll_once` waits for it: the caller goes on meanwhile (the daemon
         imports the rest of itself while a real driver, which may take a second, opens). For a
         caller that keeps a missing driver retrying (`retry_nvml`): an open that fails otherwise
@@ -90,7 +93,7 @@ class Pipeline:
             problems=self.problems,
             job_source=self._job_source(spec, attribution),
         )
-        self.detector = DetectorSink(self.sampler, thresholds)
+        self.detector = DetectorSink(self.sampler, thresholds, episodes_kept)
         self._tick_sinks: list[Callable[[Tick], None]] = []
         self._verdict_sinks: list[Callable[[Tick, list[Verdict]], None]] = []
         self.sampler.on_tick.append(self._after_tick)
