@@ -364,10 +364,16 @@ def test_a_segment_synced_after_every_tick_by_the_previous_recorder_still_reads(
     assert os.path.getsize(new.path) < os.path.getsize(old.path)
 
 
-def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path: Path) -> None:
+def test_held_until_the_first_sample_is_out_then_every_tick_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The daemon's recorder takes no tick (and opens no segment) until it is released (the first
     sample published): the first segment's opening never competes with the first sample. The
-    ticks that came meanwhile wait in the queue and are all written after it."""
+    ticks that came meanwhile wait in the queue and are all written after it, at once (not at the
+    recorder's next SYNC_EVERY_S)."""
+    import gpumon.trace.recorder as recorder
+
+    monkeypatch.setattr(recorder, "SYNC_EVERY_S", 3600.0)
     opened = threading.Event()
 
     def watched(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
@@ -381,8 +387,8 @@ def test_held_until_the_first_sample_is_out_then_every_tick_is_written(tmp_path:
     pipeline.run(5)
     assert not opened.wait(0.5), "a segment was opened before the first sample was out"
     rec.release()
+    assert opened.wait(30), "released, the recorder did not take the ticks queued meanwhile"
     rec.flush()
-    assert opened.is_set()
     rec.close()
     pipeline.close()
     (segment,) = list_segments(str(tmp_path))

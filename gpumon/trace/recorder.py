@@ -155,8 +155,9 @@ class Recorder:
         self._queue.join()
 
     def release(self) -> None:
-        """A `held` recorder takes its ticks from now on."""
+        """A `held` recorder takes its ticks from now on (those queued meanwhile at once)."""
         self._released.set()
+        self._wake.set()
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Write what is queued, end the segment cleanly, stop the thread."""
