@@ -436,3 +436,32 @@ def test_in_real_time_the_thread_writes_what_queued_in_one_go_losing_nothing(
     assert rec.stats().dropped_ticks == 0
     (segment,) = list_segments(str(tmp_path))
     assert [round(t.t_s) for t in read_trace(segment.path).ticks] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_simulation_that_stops_ticking_has_its_last_ticks_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At full speed (`block`) the thread is woken for every tick; when none comes for
+    SYNC_EVERY_S (a replay that ended, a stalled simulation) the ticks written so far reach the OS,
+    decodable, without waiting for the daemon to stop."""
+    import time
+
+    import gpumon.trace.recorder as recorder
+
+    def writer(path: str, header: dict[str, Any], origin: float) -> TraceWriterV2:
+        return TraceWriterV2(path, header, origin_s=origin, sync_every_s=5.0)  # 5 s of tick time
+
+    monkeypatch.setattr(recorder, "SYNC_EVERY_S", 0.05)  # the thread's wait: 5 s would do, slower
+    source = {"kind": "simulated"}
+    rec = Recorder(str(tmp_path), source, 1.0, lambda: EPOCH, block=True, open_writer=writer)
+    rec.start()
+    for t in (1.0, 2.0, 3.0):  # the writer syncs the first at once, the next only 5 s of ticks on
+        rec.submit(Tick(t_s=t, gpus=(), host=None))
+    on_disk: list[float] = []
+    deadline = time.monotonic() + 30
+    while len(on_disk) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        segments = list_segments(str(tmp_path))
+        on_disk = [t.t_s for t in read_trace(segments[0].path).ticks] if segments else []
+    assert on_disk == [1.0, 2.0, 3.0]
+    rec.close()

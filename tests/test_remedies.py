@@ -487,7 +487,7 @@ def test_the_advice_follows_new_windows_and_new_thresholds_not_the_clock_alone()
     assert advisor.current(key, 20.0 + RECOMPUTE_S / 2) is first  # not yet: at most every RECOMPUTE_S
     later = advisor.current(key, 200.0)
     assert later is not None and later.workers == 2 and later != first
-    assert advisor.current(key, 200.0 + 2 * RECOMPUTE_S) == later  # nothing new: the same advice
+    assert advisor.current(key, 200.0 + 2 * RECOMPUTE_S) is later  # nothing new: not worked out again
     # thresholds with a longer window: fewer of the windows count as settled
     advisor.thresholds = replace(DEFAULT_THRESHOLDS, window_s=DEFAULT_THRESHOLDS.window_s * 10)
     again = advisor.current(key, 200.0 + 4 * RECOMPUTE_S)

@@ -181,7 +181,7 @@ class Recorder:
     def _run(self) -> None:
         self._released.wait(HOLD_MAX_S)
         while True:
-            self._wake.wait(SYNC_EVERY_S)
+            woken = self._wake.wait(SYNC_EVERY_S)
             self._wake.clear()
             while True:  # what was queued since: written in one go
                 try:
@@ -198,7 +198,9 @@ class Recorder:
                         self._guarded(self._sync, None)
                 finally:
                     self._queue.task_done()
-            if not self._block:  # in real time, every SYNC_EVERY_S (and a stalled sampler's last ticks)
+            # in real time, every SYNC_EVERY_S; woken for every tick (`block`), after SYNC_EVERY_S
+            # without one (a stalled sampler, a replay that ended, a slow simulation): its last ticks
+            if not self._block or not woken:
                 self._guarded(self._sync, None)
 
     def _guarded(self, step: Callable[[Any], None], arg: Any) -> None:
