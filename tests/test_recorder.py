@@ -410,7 +410,7 @@ def test_a_stop_before_the_first_sample_does_not_wait_for_it(tmp_path: Path) -> 
 def test_in_real_time_the_thread_writes_what_queued_in_one_go_losing_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A recorder in real time wakes every SYNC_EVERY_S (not for every tick: a wake-up per tick was
+    """A recorder in real time wakes every SYNC_EVERY_S (not for every tick: woken per tick, it took
     a fifth of an idle daemon's CPU), or at once when its queue is half full, for a flush or a
     stop; every tick submitted is written, in order."""
     import gpumon.trace.recorder as recorder
