@@ -58,8 +58,6 @@ TRIM_EVERY_S = 60.0
 a trim takes 0.2-0.5 ms here (a thousandth of a per cent of a core at this cadence). Every ten
 minutes, the RSS rose between trims by what the next gave back (0.2-0.4 MB); side by side with that,
 a minute's trim held the same level within the noise, with lower peaks (docs/benchmarks.md)."""
-RECENT_EPISODES = EPISODES_KEPT
-"""Episodes per GPU in the state API (`gpumon report` reads these): all the detector keeps."""
 
 
 class Daemon:
@@ -149,7 +147,7 @@ class Daemon:
         unix_offset = self._unix_offset()
         if self.recent is not None:
             episodes = {key: c.episodes for key, c in counters.items()}
-            self.recent.record(tick, verdicts, tick.t_s + unix_offset, episodes, RECENT_EPISODES)
+            self.recent.record(tick, verdicts, tick.t_s + unix_offset, episodes, EPISODES_KEPT)
         self.snapshot = Snapshot(
             t_s=tick.t_s,
             tick=tick,
@@ -187,11 +185,13 @@ class Daemon:
         return {key: a for key, a in found if a is not None}
 
     def _recent_episodes(self, key: tuple[int, str], det: StarvationDetector) -> tuple[Episode, ...]:
-        """The last RECENT_EPISODES closed ones (copied only when one closed) and the open one."""
+        """The last EPISODES_KEPT closed ones, all the daemon's detector keeps (copied only when one
+        closed), and the open one."""
         started = sum(det.episodes_started.values())
         cached = self._closed_episodes.get(key)
         if cached is None or cached[0] != started:
-            closed = tuple(itertools.islice(reversed(det.episodes), RECENT_EPISODES))[::-1]
+            # (bounded here too: a pipeline the caller built may keep more)
+            closed = tuple(itertools.islice(reversed(det.episodes), EPISODES_KEPT))[::-1]
             cached = self._closed_episodes[key] = (started, closed)
         current = det.current
         return cached[1] + ((current,) if current is not None else ())
