@@ -295,3 +295,109 @@ def test_the_verdict_log_is_bounded_in_verdicts_whatever_the_gpu_count(
     view = log.view()
     assert view is not None and [e.t_s for e in view.ticks] == [100.0 + 0.05 * k for k in (7, 8, 9)]
     assert all(len(e.gpus) == 4 for e in view.ticks)
+
+
+def _log_tick(log: VerdictLog, k: int, gpus: int, labels_every: int = 7) -> None:
+    """Tick k of `gpus` GPUs: each verdict's numbers tell its tick and GPU apart; each GPU's label
+    changes every `labels_every` ticks."""
+    t = 100.0 + k
+    tick: Any = SimpleNamespace(t_s=t, gpus=tuple(_gpu(i, []) for i in range(gpus)))
+    labels = ("healthy", "starved (cpu)")
+    verdicts = [_verdict(i, t, labels[(k // labels_every + i) % 2], k + i / 100) for i in range(gpus)]
+    log.record(tick, verdicts, 1e9 + t, {}, 10)
+
+
+def test_the_verdict_log_keeps_the_newest_ticks_in_order_as_it_wraps_around() -> None:
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=8.0)  # room for 10 ticks
+    for k in range(23):
+        _log_tick(log, k, 3)
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0 + k for k in range(13, 23)]
+    for e in view.ticks:
+        k = round(e.t_s - 100)
+        assert [(j.index, j.t_s, j.since_s, j.wasted_gpu_s) for j in e.gpus] == [
+            (i, e.t_s, e.t_s - 5, k + i / 100) for i in range(3)
+        ]
+        assert [j.label for j in e.gpus] == [("healthy", "starved (cpu)")[(k // 7 + i) % 2] for i in range(3)]
+    assert view.index_at(1e9 + 117.5) == 5
+
+
+def test_the_verdict_log_keeps_its_ticks_when_more_gpus_come() -> None:
+    """MIG instances made: a tick brings more GPUs than the log was made for; the ticks before keep
+    their GPUs and numbers, those after have all of theirs."""
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=60.0)
+    for k in range(5):
+        _log_tick(log, k, 2)
+    for k in range(5, 8):
+        _log_tick(log, k, 5)
+    _log_tick(log, 8, 1)  # and a GPU gone
+    view = log.view()
+    assert view is not None
+    assert [len(e.gpus) for e in view.ticks] == [2] * 5 + [5] * 3 + [1]
+    assert [j.wasted_gpu_s for j in view.ticks[4].gpus] == [4.0, 4.01]
+    assert [j.wasted_gpu_s for j in view.ticks[7].gpus] == [7 + i / 100 for i in range(5)]
+    assert view.ticks[8].gpus[0].wasted_gpu_s == 8.0
+
+
+def test_the_verdict_log_takes_its_memory_at_its_first_tick_and_never_more() -> None:
+    """A daemon's memory must not climb while the log fills for its 15 minutes (issue 29): what a
+    tick leaves behind is numbers in columns made at the first tick, not Python objects. (GPUs whose
+    labels hold, as most do from tick to tick; a label that changes shares its tuple with the ticks
+    after it.)"""
+    import tracemalloc
+
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=300.0)
+    mine = [tracemalloc.Filter(True, verdict_log.__file__)]
+    tracemalloc.start()
+    try:
+        _log_tick(log, 0, 8, labels_every=10_000)
+        first = tracemalloc.take_snapshot().filter_traces(mine)
+        for k in range(1, 600):  # the log full twice over
+            _log_tick(log, k, 8, labels_every=10_000)
+        grown = sum(
+            s.size_diff for s in tracemalloc.take_snapshot().filter_traces(mine).compare_to(first, "lineno")
+        )
+    finally:
+        tracemalloc.stop()
+    assert grown < 1_000, f"the log grew by {grown} bytes over 600 ticks"
+    view = log.view()
+    assert view is not None and len(view.ticks) == 302
+    assert [j.wasted_gpu_s for j in view.ticks[-1].gpus] == [599 + i / 100 for i in range(8)]
+
+
+def test_a_reader_never_sees_a_tick_half_written() -> None:
+    """The sampling thread writes while the analysis thread copies: every copy holds whole ticks,
+    in order, each GPU's numbers those of its own tick."""
+    import sys
+
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=20.0)
+    stop = threading.Event()
+
+    def write() -> None:
+        k = 0
+        while not stop.is_set():
+            _log_tick(log, k, 4)
+            k += 1
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    writer = threading.Thread(target=write)
+    writer.start()
+    views = []
+    try:
+        for _ in range(300):
+            view = log.view()
+            if view is not None:
+                views.append(view)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(before)
+    assert views
+    for view in views:
+        times = [e.t_s for e in view.ticks]
+        assert times == sorted(times) and len(set(times)) == len(times)
+        assert view.ticks[-1].t_s == view.latest.t_s
+        for e in view.ticks:
+            k = round(e.t_s - 100)
+            assert [(j.t_s, j.wasted_gpu_s) for j in e.gpus] == [(e.t_s, k + i / 100) for i in range(4)]

@@ -1,18 +1,25 @@
 """The verdicts the daemon gave over its last few minutes, kept so that /api/v1/analysis can
 answer a short range in-process (gpumon.serve.recent_range) instead of replaying the recording.
 
-Fed from the sampling thread after each tick (a few tuples per GPU, no copies of samples); read
-from the analysis thread. Appending to a deque and swapping one attribute are atomic, so neither
-side takes a lock the other (or a scrape) could wait on.
+Fed from the sampling thread after each tick; read from the analysis thread. The log is a ring of
+columns made once, at its first tick: each tick's times and each GPU's three numbers are doubles in
+arrays, and what a GPU's verdicts share from tick to tick (its identity, its label) one tuple
+shared by the ticks while it holds. So it never grows once made, and a daemon's memory does not
+climb while the log fills (a tick of 8 GPUs was ~570 bytes of Python objects that lived 15
+minutes, scattered among the ticks' short-lived ones; here it is 208 bytes of arrays).
+
+Neither side takes a lock the other could wait on: the writer counts a sequence number up before
+and after it writes a tick, and a reader that saw it move while it copied copies again.
 """
 
 from __future__ import annotations
 
 import bisect
 import sys
-from collections import deque
+import time
+from array import array
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from gpumon.core.model import Tick
 from gpumon.detect.tracker import Episode, Verdict
@@ -23,7 +30,7 @@ recording in a process of its own."""
 MAX_TICKS = 20_000
 """The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
 MAX_VERDICTS = 160_000
-"""The log's bound in GPU verdicts, whatever the GPU count: about 8 MB at most. It binds for many
+"""The log's bound in GPU verdicts, whatever the GPU count: 3.8 MB of arrays at most. It binds for many
 GPUs at a short interval (64 GPUs at 0.05 s: 2,500 ticks, two minutes, not KEPT_S; a range older is
 replayed); at 1 s, KEPT_S binds first up to 175 GPUs."""
 
@@ -46,30 +53,36 @@ class Judged(NamedTuple):
 
 _Ident = tuple[int, str, str, int | None, tuple[tuple[str, str | None], ...]]
 """What a GPU's verdicts share from tick to tick: (index, uuid, name, MIG instance, jobs)."""
-_PER_GPU = 5
-"""A logged tick's entries per GPU: its _Ident, then the verdict's t_s, label, since_s, wasted."""
+_Layout = tuple[tuple[_Ident, str], ...]
+"""A tick's GPUs in order: each one's identity and label (shared by the ticks while they hold)."""
+_PER_GPU = 3
+"""A logged tick's numbers per GPU: the verdict's t_s, since_s and wasted_gpu_s."""
+VIEW_TRIES = 50
+"""How often a reader copies the log again when the writer moved it while it copied (a tick is
+written in microseconds: once or twice is the most seen), waiting a millisecond between tries,
+before it gives up (the range is then replayed from the recording)."""
 
 
 class Logged:
-    """One tick's verdicts, packed: a flat tuple of five references per GPU, its identity shared
-    with the ticks before while it holds (less than half the memory of a Judged per GPU; the log keeps
-    up to MAX_TICKS of them). `gpus` unpacks them as Judged."""
+    """One tick's verdicts, read from a copy of the log's columns: `gpus` builds them as Judged."""
 
-    __slots__ = ("_packed", "t_s", "unix_s")
+    __slots__ = ("_at", "_layout", "_values", "t_s", "unix_s")
 
-    def __init__(self, unix_s: float, t_s: float, packed: tuple[object, ...]) -> None:
+    def __init__(self, unix_s: float, t_s: float, layout: _Layout, values: array[float], at: int) -> None:
         self.unix_s = unix_s
         self.t_s = t_s
-        self._packed = packed
+        self._layout = layout
+        self._values = values
+        self._at = at
 
     @property
     def gpus(self) -> tuple[Judged, ...]:
-        p = self._packed
+        values, k = self._values, self._at
         new = tuple.__new__
         out = []
-        for k in range(0, len(p), _PER_GPU):
-            ident: Any = p[k]
-            out.append(new(Judged, (*ident[:4], *p[k + 1 : k + _PER_GPU], ident[4])))
+        for ident, label in self._layout:
+            out.append(new(Judged, (*ident[:4], values[k], label, values[k + 1], values[k + 2], ident[4])))
+            k += _PER_GPU
         return tuple(out)
 
 
@@ -99,13 +112,27 @@ class LogView(NamedTuple):
 
 class VerdictLog:
     def __init__(self, interval_s: float, preroll_s: float, kept_s: float = KEPT_S) -> None:
-        ticks = int((kept_s + preroll_s) / interval_s) + 2
-        self._ticks: deque[Logged] = deque(maxlen=min(MAX_TICKS, ticks))
+        self._max_ticks = min(MAX_TICKS, int((kept_s + preroll_s) / interval_s) + 2)
+        # the ring, made at the first tick (when the GPU count is known) and again only if a tick
+        # brings more GPUs than it was made for (MIG instances made)
+        self._cap = 0
+        self._width = 0
+        """GPUs a tick's row has room for."""
+        self._unix: array[float] = array("d")
+        self._t: array[float] = array("d")
+        self._layouts: list[_Layout | None] = []
+        self._values: array[float] = array("d")
+        self._head = 0
+        """The slot the next tick goes to."""
+        self._count = 0
+        self._seq = 0
+        """Odd while the writer writes: a reader that sees it odd, or changed, copies again."""
         self._latest: Latest | None = None
         self._reset_at = -float("inf")
         self._labels: dict[str, str] = {}
         self._idents: dict[tuple[int, str], _Ident] = {}
         """Each GPU's identity as last logged (one per GPU seen: replaced when it changes)."""
+        self._layout: _Layout = ()
 
     def record(
         self,
@@ -117,9 +144,12 @@ class VerdictLog:
     ) -> None:
         """From the sampling thread, after each tick."""
         samples = {(g.index, g.uuid): g for g in tick.gpus}
-        packed: list[object] = []
+        layout = self._layout
+        pairs: list[tuple[_Ident, str]] = []
+        numbers: list[float] = []
         idents = self._idents
-        for v in verdicts:
+        same = True
+        for n, v in enumerate(verdicts):
             key = (v.index, v.uuid)
             g = samples.get(key)
             jobs = tuple((j.job_id, j.user) for j in g.jobs) if g is not None and g.jobs else ()
@@ -128,14 +158,55 @@ class VerdictLog:
             if known != ident:
                 known = idents[key] = ident
             label = self._labels.setdefault(v.label, sys.intern(v.label))  # one string per label
-            packed += (known, v.t_s, label, v.since_s, v.wasted_gpu_s)
+            pair = layout[n] if n < len(layout) else None
+            if pair is None or pair[0] is not known or pair[1] is not label:
+                pair, same = (known, label), False
+            pairs.append(pair)
+            numbers += (v.t_s, v.since_s, v.wasted_gpu_s)
         if len(idents) > 2 * len(samples) + 8:  # GPUs gone (MIG instances remade): forget them
             self._idents = {key: ident for key, ident in idents.items() if key in samples}
-        self._ticks.append(Logged(unix_s, tick.t_s, tuple(packed)))
-        per_tick = max(1, len(packed) // _PER_GPU)
-        while len(self._ticks) * per_tick > MAX_VERDICTS:  # many GPUs at a short interval
-            self._ticks.popleft()  # atomic, as the append: view() copies the deque whole
+        if not same or len(pairs) != len(layout):
+            layout = self._layout = tuple(pairs)  # a label or a job changed: a new one from this tick
+        self._seq += 1  # odd: a reader copying now copies again
+        if len(pairs) > self._width or not self._cap:
+            self._remake(max(1, len(pairs)))
+        slot = self._head
+        self._unix[slot] = unix_s
+        self._t[slot] = tick.t_s
+        self._layouts[slot] = layout
+        at = slot * self._width * _PER_GPU
+        self._values[at : at + len(numbers)] = array("d", numbers)
+        self._head = (slot + 1) % self._cap
+        self._count = min(self._count + 1, self._cap)
         self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
+        self._seq += 1
+
+    def _remake(self, width: int) -> None:
+        """The ring for ticks of `width` GPUs (the newest ticks kept): as many ticks as both bounds
+        allow, its memory taken now, once."""
+        cap = max(1, min(self._max_ticks, MAX_VERDICTS // width))
+        ticks = [self._slot(i) for i in self._order()][-cap:]
+        self._cap, self._width = cap, width
+        self._unix, self._t = array("d", bytes(8 * cap)), array("d", bytes(8 * cap))
+        self._layouts = [None] * cap
+        self._values = array("d", bytes(8 * cap * width * _PER_GPU))
+        for slot, (unix_s, t_s, layout, row) in enumerate(ticks):
+            self._unix[slot], self._t[slot], self._layouts[slot] = unix_s, t_s, layout
+            at = slot * width * _PER_GPU
+            self._values[at : at + len(row)] = row
+        self._count = len(ticks)
+        self._head = self._count % cap
+
+    def _order(self) -> range | list[int]:
+        """The slots of the ticks kept, oldest first."""
+        if self._count < self._cap:
+            return range(self._count)
+        return [*range(self._head, self._cap), *range(self._head)]
+
+    def _slot(self, i: int) -> tuple[float, float, _Layout, array[float]]:
+        layout = self._layouts[i] or ()
+        at = i * self._width * _PER_GPU
+        return self._unix[i], self._t[i], layout, self._values[at : at + len(layout) * _PER_GPU]
 
     def thresholds_changed(self, unix_s: float) -> None:
         """After a reload that changed the thresholds: verdicts before now were judged by others."""
@@ -147,10 +218,28 @@ class VerdictLog:
         return None if latest is None else latest.unix_s
 
     def view(self) -> LogView | None:
-        latest = self._latest  # first: every tick up to it is already in the deque
-        if latest is None:
+        """A consistent copy of the log; None before its first tick, or if the writer kept moving
+        it for VIEW_TRIES copies."""
+        for _ in range(VIEW_TRIES):
+            seq = self._seq
+            if not seq % 2:
+                latest = self._latest
+                if latest is None:
+                    return None
+                unix, t, layouts = self._unix[:], self._t[:], self._layouts[:]
+                values, width, head, count, cap = (
+                    self._values[:],
+                    self._width,
+                    self._head,
+                    self._count,
+                    self._cap,
+                )
+                if self._seq == seq:
+                    break
+            time.sleep(0.001)
+        else:
             return None
-        ticks = list(self._ticks)  # one C call under the GIL: never sees a half-appended deque
-        while ticks and ticks[-1].unix_s > latest.unix_s:
-            ticks.pop()
+        order = range(count) if count < cap else [*range(head, cap), *range(head)]
+        step = width * _PER_GPU
+        ticks = [Logged(unix[i], t[i], layouts[i] or (), values, i * step) for i in order]
         return LogView(ticks, latest, self._reset_at)
