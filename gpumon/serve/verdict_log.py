@@ -30,9 +30,9 @@ recording in a process of its own."""
 MAX_TICKS = 20_000
 """The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
 MAX_VERDICTS = 160_000
-"""The log's bound in GPU verdicts, whatever the GPU count: 3.8 MB of arrays at most. It binds for many
-GPUs at a short interval (64 GPUs at 0.05 s: 2,500 ticks, two minutes, not KEPT_S; a range older is
-replayed); at 1 s, KEPT_S binds first up to 175 GPUs."""
+"""The log's bound in GPU verdicts, whatever the GPU count: about 3.9 MB of arrays at most. It
+binds for many GPUs at a short interval (64 GPUs at 0.05 s: 2,500 ticks, two minutes, not KEPT_S;
+a range older is replayed); at 1 s, KEPT_S binds first up to 175 GPUs."""
 
 
 class Judged(NamedTuple):
