@@ -401,3 +401,66 @@ def test_a_reader_never_sees_a_tick_half_written() -> None:
         for e in view.ticks:
             k = round(e.t_s - 100)
             assert [(j.t_s, j.wasted_gpu_s) for j in e.gpus] == [(e.t_s, k + i / 100) for i in range(4)]
+
+
+def test_a_wrapped_log_remade_for_more_gpus_keeps_its_newest_ticks_in_order() -> None:
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=8.0)  # room for 10 ticks
+    for k in range(23):  # wrapped around twice
+        _log_tick(log, k, 2)
+    _log_tick(log, 23, 3)  # a MIG instance made: the ring is made again, wider
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0 + k for k in range(14, 24)]
+    for e in view.ticks:
+        k = round(e.t_s - 100)
+        assert [j.wasted_gpu_s for j in e.gpus] == [k + i / 100 for i in range(2 if k < 23 else 3)]
+
+
+def test_a_log_bound_by_many_gpus_holds_its_ticks_again_once_they_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One tick of many GPUs (MIG instances made and removed) shortens the log while that tick is in
+    it, not for the daemon's life."""
+    monkeypatch.setattr(verdict_log, "MAX_VERDICTS", 40)
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=8.0)  # 10 ticks of 2 GPUs
+    for k in range(12):
+        _log_tick(log, k, 2)
+    _log_tick(log, 12, 8)  # 5 ticks of 8 GPUs fit in 40 verdicts
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0 + k for k in range(8, 13)]
+    for k in range(13, 40):
+        _log_tick(log, k, 2)
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0 + k for k in range(30, 40)]
+    assert all([j.wasted_gpu_s for j in e.gpus] == [e.t_s - 100, e.t_s - 100 + 0.01] for e in view.ticks)
+
+
+def test_a_reader_during_a_tick_being_written_gets_no_view_rather_than_half_a_tick() -> None:
+    """A copy asked while the writer is inside a tick (here from the writer's own thread, as the
+    tick is read: the writer cannot finish first) is refused; the range is then replayed."""
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=60.0)
+    for k in range(3):
+        _log_tick(log, k, 2)
+    seen: list[Any] = []
+
+    class Reading(SimpleNamespace):
+        @property
+        def t_s(self) -> float:  # read while the tick is written
+            seen.append(log.view())
+            return 103.0
+
+    log.record(Reading(gpus=(_gpu(0, []),)), [_verdict(0, 103.0, "healthy", 3.0)], 1e9 + 103, {}, 10)
+    assert seen and all(v is None for v in seen)
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0, 101.0, 102.0, 103.0]
+    assert view.ticks[-1].gpus[0].wasted_gpu_s == 3.0
+
+
+def test_a_tick_that_cannot_be_logged_leaves_the_log_as_it_was() -> None:
+    log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=60.0)
+    _log_tick(log, 0, 2)
+    bad: Any = [_verdict(0, 101.0, "healthy", None)]  # not a number
+    with pytest.raises(TypeError):
+        log.record(SimpleNamespace(t_s=101.0, gpus=(_gpu(0, []),)), bad, 1e9 + 101, {}, 10)
+    _log_tick(log, 2, 2)
+    view = log.view()
+    assert view is not None and [e.t_s for e in view.ticks] == [100.0, 102.0]

@@ -1,15 +1,16 @@
 """The verdicts the daemon gave over its last few minutes, kept so that /api/v1/analysis can
 answer a short range in-process (gpumon.serve.recent_range) instead of replaying the recording.
 
-Fed from the sampling thread after each tick; read from the analysis thread. The log is a ring of
-columns made once, at its first tick: each tick's times and each GPU's three numbers are doubles in
-arrays, and what a GPU's verdicts share from tick to tick (its identity, its label) one tuple
-shared by the ticks while it holds. So it never grows once made, and a daemon's memory does not
-climb while the log fills (a tick of 8 GPUs was ~570 bytes of Python objects that lived 15
-minutes, scattered among the ticks' short-lived ones; here it is 208 bytes of arrays).
+Fed from the sampling thread after each tick; read on the HTTP server's event loop (a copy, handed
+to the analysis thread). The log is a ring of columns made at its first tick: each tick's times and
+each GPU's three numbers are doubles in arrays, and what a GPU's verdicts share from tick to tick
+(its identity, its label) one tuple shared by the ticks while it holds. A tick leaves behind no
+Python object of its own (216 bytes of columns for 8 GPUs; ~570 bytes of objects that lived 15
+minutes, scattered among the ticks' short-lived ones, before), so a daemon's memory does not climb
+while the log fills; only a label or job that changes makes a new shared tuple.
 
 Neither side takes a lock the other could wait on: the writer counts a sequence number up before
-and after it writes a tick, and a reader that saw it move while it copied copies again.
+and after it writes a tick, and a reader that finds it odd, or moved while it copied, copies again.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import bisect
 import sys
 import time
 from array import array
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple, overload
 
 from gpumon.core.model import Tick
 from gpumon.detect.tracker import Episode, Verdict
@@ -30,7 +31,7 @@ recording in a process of its own."""
 MAX_TICKS = 20_000
 """The log's bound in ticks, whatever the interval (at 1 s: about KEPT_S; at 0.05 s: 1,000 s)."""
 MAX_VERDICTS = 160_000
-"""The log's bound in GPU verdicts, whatever the GPU count: about 3.9 MB of arrays at most. It
+"""The log's bound in GPU verdicts, whatever the GPU count: about 4.3 MB of columns at most. It
 binds for many GPUs at a short interval (64 GPUs at 0.05 s: 2,500 ticks, two minutes, not KEPT_S;
 a range older is replayed); at 1 s, KEPT_S binds first up to 175 GPUs."""
 
@@ -58,9 +59,9 @@ _Layout = tuple[tuple[_Ident, str], ...]
 _PER_GPU = 3
 """A logged tick's numbers per GPU: the verdict's t_s, since_s and wasted_gpu_s."""
 VIEW_TRIES = 50
-"""How often a reader copies the log again when the writer moved it while it copied (a tick is
-written in microseconds: once or twice is the most seen), waiting a millisecond between tries,
-before it gives up (the range is then replayed from the recording)."""
+"""How often a reader copies the log again when the writer was writing (a tick is written in
+microseconds: once or twice is the most seen), handing the interpreter to it between tries, before it
+gives up (the range is then replayed from the recording)."""
 
 
 class Logged:
@@ -86,6 +87,45 @@ class Logged:
         return tuple(out)
 
 
+class Ticks(Sequence[Logged]):
+    """A view's ticks, oldest first, made as they are read (the analysis thread reads them; the
+    event loop only copies the columns)."""
+
+    def __init__(
+        self,
+        unix: array[float],
+        t: array[float],
+        layouts: list[_Layout | None],
+        values: array[float],
+        order: Sequence[int],
+        step: int,
+    ) -> None:
+        self._unix, self._t, self._layouts, self._values = unix, t, layouts, values
+        self._order, self._step = order, step
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def _at(self, slot: int) -> Logged:
+        return Logged(
+            self._unix[slot], self._t[slot], self._layouts[slot] or (), self._values, slot * self._step
+        )
+
+    @overload
+    def __getitem__(self, i: int) -> Logged: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Logged]: ...
+
+    def __getitem__(self, i: int | slice) -> Logged | list[Logged]:
+        if isinstance(i, slice):
+            return [self._at(slot) for slot in self._order[i]]
+        return self._at(self._order[i])
+
+    def __iter__(self) -> Iterator[Logged]:
+        return map(self._at, self._order)
+
+
 class Latest(NamedTuple):
     """The newest tick logged, with each GPU's episodes then: the last closed ones and the open one."""
 
@@ -100,7 +140,7 @@ class Latest(NamedTuple):
 class LogView(NamedTuple):
     """A consistent copy: the ticks up to and including `latest`."""
 
-    ticks: list[Logged]
+    ticks: Sequence[Logged]
     latest: Latest
     thresholds_since_unix_s: float
     """The thresholds in force were set then (or the log began): older verdicts used others."""
@@ -125,6 +165,10 @@ class VerdictLog:
         self._head = 0
         """The slot the next tick goes to."""
         self._count = 0
+        self._written = 0
+        self._widest_at = 0
+        """When (in ticks written) the last tick as wide as the ring came: once it has left the ring,
+        a narrower ring holds more ticks, as the bound in verdicts allows."""
         self._seq = 0
         """Odd while the writer writes: a reader that sees it odd, or changed, copies again."""
         self._latest: Latest | None = None
@@ -166,24 +210,35 @@ class VerdictLog:
         if len(idents) > 2 * len(samples) + 8:  # GPUs gone (MIG instances remade): forget them
             self._idents = {key: ident for key, ident in idents.items() if key in samples}
         if not same or len(pairs) != len(layout):
-            layout = self._layout = tuple(pairs)  # a label or a job changed: a new one from this tick
+            layout = self._layout = tuple(pairs)  # a label, a job or the GPUs changed: a new one
+        row = array("d", numbers)  # (anything that may fail, before the log is touched)
+        n = len(pairs)
+        self._written += 1
         self._seq += 1  # odd: a reader copying now copies again
-        if len(pairs) > self._width or not self._cap:
-            self._remake(max(1, len(pairs)))
-        slot = self._head
-        self._unix[slot] = unix_s
-        self._t[slot] = tick.t_s
-        self._layouts[slot] = layout
-        at = slot * self._width * _PER_GPU
-        self._values[at : at + len(numbers)] = array("d", numbers)
-        self._head = (slot + 1) % self._cap
-        self._count = min(self._count + 1, self._cap)
-        self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
-        self._seq += 1
+        try:
+            if n > self._width or not self._cap:
+                self._remake(max(1, n))
+                self._widest_at = self._written
+            elif n < self._width and self._written - self._widest_at > self._cap:
+                self._remake(max(n, *(len(x or ()) for x in self._layouts)))  # the widest tick left
+                self._widest_at = self._written  # (at the latest, the widest now leaves a ring later)
+            elif n == self._width:
+                self._widest_at = self._written
+            slot = self._head
+            self._unix[slot] = unix_s
+            self._t[slot] = tick.t_s
+            self._layouts[slot] = layout
+            at = slot * self._width * _PER_GPU
+            self._values[at : at + len(row)] = row
+            self._head = (slot + 1) % self._cap
+            self._count = min(self._count + 1, self._cap)
+            self._latest = Latest(unix_s, tick.t_s, episodes, closed_kept)
+        finally:
+            self._seq += 1
 
     def _remake(self, width: int) -> None:
-        """The ring for ticks of `width` GPUs (the newest ticks kept): as many ticks as both bounds
-        allow, its memory taken now, once."""
+        """The ring for ticks of `width` GPUs, the newest ticks kept in order: as many ticks as both
+        bounds allow, its memory taken now (at the first tick, and when the widest tick changes)."""
         cap = max(1, min(self._max_ticks, MAX_VERDICTS // width))
         ticks = [self._slot(i) for i in self._order()][-cap:]
         self._cap, self._width = cap, width
@@ -218,28 +273,22 @@ class VerdictLog:
         return None if latest is None else latest.unix_s
 
     def view(self) -> LogView | None:
-        """A consistent copy of the log; None before its first tick, or if the writer kept moving
-        it for VIEW_TRIES copies."""
+        """A consistent copy of the log (its columns: the ticks are made as they are read); None
+        before its first tick, or if the writer was writing at each of VIEW_TRIES tries."""
         for _ in range(VIEW_TRIES):
             seq = self._seq
             if not seq % 2:
                 latest = self._latest
                 if latest is None:
                     return None
-                unix, t, layouts = self._unix[:], self._t[:], self._layouts[:]
-                values, width, head, count, cap = (
-                    self._values[:],
-                    self._width,
-                    self._head,
-                    self._count,
-                    self._cap,
-                )
+                unix, t, layouts, values = self._unix[:], self._t[:], self._layouts[:], self._values[:]
+                width, head, count, cap = self._width, self._head, self._count, self._cap
+                # (CPython switches threads at calls and loops, none of them here: this second
+                # look is for an interpreter that would)
                 if self._seq == seq:
                     break
-            time.sleep(0.001)
+            time.sleep(0)  # let the writer finish its tick
         else:
             return None
         order = range(count) if count < cap else [*range(head, cap), *range(head)]
-        step = width * _PER_GPU
-        ticks = [Logged(unix[i], t[i], layouts[i] or (), values, i * step) for i in order]
-        return LogView(ticks, latest, self._reset_at)
+        return LogView(Ticks(unix, t, layouts, values, order, width * _PER_GPU), latest, self._reset_at)
