@@ -254,9 +254,7 @@ class VerdictLog:
 
     def _order(self) -> range | list[int]:
         """The slots of the ticks kept, oldest first."""
-        if self._count < self._cap:
-            return range(self._count)
-        return [*range(self._head, self._cap), *range(self._head)]
+        return _oldest_first(self._head, self._count, self._cap)
 
     def _slot(self, i: int) -> tuple[float, float, _Layout, array[float]]:
         layout = self._layouts[i] or ()
@@ -290,5 +288,10 @@ class VerdictLog:
             time.sleep(0)  # let the writer finish its tick
         else:
             return None
-        order = range(count) if count < cap else [*range(head, cap), *range(head)]
+        order = _oldest_first(head, count, cap)
         return LogView(Ticks(unix, t, layouts, values, order, width * _PER_GPU), latest, self._reset_at)
+
+
+def _oldest_first(head: int, count: int, cap: int) -> range | list[int]:
+    """A ring's slots holding ticks, oldest first (`head`: the slot the next tick goes to)."""
+    return range(count) if count < cap else [*range(head, cap), *range(head)]
