@@ -49,6 +49,25 @@ def test_pages_freed_by_a_thread_go_back_to_the_system_when_trimmed() -> None:
     assert trimmed and before - after > 40, (before, after)
 
 
+def test_trimming_leaves_nothing_for_the_collector() -> None:
+    """The daemon trims once a minute for as long as it runs: each trim must leave no garbage
+    behind (a C library opened per call did: a class and a function pointer in a cycle, each
+    minute, until a full collection came)."""
+    import gc
+
+    memory.trim()  # the C library opened, as at the daemon's first trim
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(20):
+            memory.trim()
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_the_daemon_trims_once_per_period_of_real_time() -> None:
     from gpumon.serve.daemon import TRIM_EVERY_S
 

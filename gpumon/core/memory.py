@@ -20,6 +20,7 @@ garbage: at the first sample, or HOLD_COLLECTOR_MAX_S after the start if none ha
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 from typing import Any
 
@@ -33,7 +34,10 @@ M_ARENA_MAX = -8
 """mallopt(3)'s parameter for the most arenas malloc may create."""
 
 
+@functools.cache
 def _libc() -> Any:
+    """The process's C library, opened once: a CDLL made for each call (once a minute, by `trim`)
+    made a class and a function pointer each time, left in a cycle for the collector."""
     try:
         return ctypes.CDLL(None)
     except OSError:
