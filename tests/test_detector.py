@@ -566,6 +566,32 @@ def test_the_state_is_confirmed_on_its_own_and_the_cause_refines_inside_the_epis
     assert starved.causes[-1][0] == 15.0
 
 
+def test_an_episode_gives_the_reason_of_the_cause_it_is_named_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A minute starved on CPU whose job's teardown reads `host` for its last seconds (found in the
+    README's demo: "starved-cpu ... with no saturated CPU or storage"): the episode is named for
+    CPU and must give CPU's reason, not the teardown's; the live verdict gives the cause of now."""
+    from gpumon.detect import tracker
+    from gpumon.detect.classify import Classification
+
+    script = ["healthy"] * 5 + ["starved-cpu"] * 60 + ["starved-host"] * 6
+    left = list(script)
+
+    def scripted(ev: Evidence, th: Thresholds, *a: object, **k: object) -> Classification:
+        label = left.pop(0)
+        state, _, cause = label.partition("-")
+        return Classification(state, cause or None, 1.0, f"because of {label}")
+
+    monkeypatch.setattr(tracker, "classify", scripted)
+    det = StarvationDetector(Thresholds(confirm_s=2.0))
+    verdicts = feed_constant(det, [0.5] * len(script))
+    assert verdicts[-1].label == "starved-host" and verdicts[-1].reason == "because of starved-host"
+    (open_now,) = [e for e in [det.current] if e is not None]
+    assert open_now.label == "starved-cpu" and open_now.reason == "because of starved-cpu"
+    (starved,) = [e for e in det.close(float(len(script))) if e.label.startswith("starved")]
+    assert starved.label == "starved-cpu"
+    assert starved.reason == "because of starved-cpu"
+
+
 def test_an_episode_whose_cause_swings_for_days_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """One starved episode whose cause swings between cpu and io (each held past confirmation) for
     a long time: the episode keeps how it began and its latest changes, not every change (found

@@ -395,7 +395,7 @@ def test_a_straggler_that_moves_between_ranks_is_data_loading_one_that_stays_is_
 
 # -- the advisor: an episode's steady windows, its teardown, a straggler's peers -------------------
 
-from gpumon.detect.advisor import Advisor  # noqa: E402
+from gpumon.detect.advisor import RECOMPUTE_S, Advisor  # noqa: E402
 from gpumon.detect.classify import Classification  # noqa: E402
 from gpumon.detect.evidence import Evidence  # noqa: E402
 from gpumon.detect.tracker import Verdict  # noqa: E402
@@ -449,6 +449,34 @@ def test_the_advisor_reads_an_episodes_steady_windows_not_its_onset_or_teardown(
     assert episodes[31.0] is not None and episodes[31.0].kind == Kind.GPU_LIMIT
 
 
+def test_an_episode_is_advised_for_the_cause_it_is_named_for_not_its_teardowns() -> None:
+    """A minute starved on CPU, then its job's teardown reads `host` for a few seconds (the README's
+    demo): the episode, named starved-cpu, keeps the advice of its CPU windows (it read "cannot
+    predict: only 1 window" when the teardown's cause threw them away); the GPU's live advice is for
+    its cause now; and a cause that comes back finds its windows still there."""
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    host = STARVED_EV._replace(loader_workers=0, job_cpu_cores=0.3, busiest_child_cpu_cores=0.0)
+    for t in range(60):
+        advisor.feed([verdict(float(t), STARVED_EV)])
+    cpu_now = advisor.current(key, 60.0)
+    assert cpu_now is not None and cpu_now.kind == Kind.PREDICTED
+    for t in range(60, 64):
+        advisor.feed([verdict(float(t), host, "starved-host")])
+    live = advisor.current(key, 64.0 + RECOMPUTE_S)
+    assert live is not None and live.cause == Cause.HOST and live.kind == Kind.CANNOT
+    (named,) = advisor.episodes(key).values()
+    assert named is not None and named.cause == Cause.CPU and named.kind == Kind.PREDICTED
+    assert named.best is not None and named.best.workers == cpu_now.best.workers  # type: ignore[union-attr]
+    for t in range(64, 66):  # the cause comes back: its windows are still there
+        advisor.feed([verdict(float(t), STARVED_EV)])
+    back = advisor.current(key, 66.0 + 2 * RECOMPUTE_S)
+    assert back is not None and back.kind == Kind.PREDICTED and back.windows > cpu_now.windows
+    advisor.feed([verdict(70.0, ev(duty_cycle=0.95), "healthy", since=70.0)])
+    closed = advisor.episodes(key)[0.0]
+    assert closed is not None and closed.cause == Cause.CPU and closed.kind == Kind.PREDICTED
+
+
 def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
     small = STARVED_EV._replace(cpu_count=2, host_cpu_ratio=0.9, duty_cycle=0.2)
     peer = ev(duty_cycle=0.97, power_ratio=0.15, job_cpu_cores=0.4, main_cpu_cores=0.3)
@@ -470,7 +498,6 @@ def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
 def test_the_advice_follows_new_windows_and_new_thresholds_not_the_clock_alone() -> None:
     """Worked out again (at most every RECOMPUTE_S) only when the episode's windows or the
     thresholds changed: the same advice otherwise, and a change shows at the next recompute."""
-    from gpumon.detect.advisor import RECOMPUTE_S
     from gpumon.detect.thresholds import DEFAULT_THRESHOLDS
 
     advisor = Advisor()

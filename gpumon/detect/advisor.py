@@ -29,13 +29,33 @@ class _Episode:
     start_s: float
     state: State
     cause: Cause | None
-    windows: deque[tuple[float, RemedyInputs]] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
+    """The cause now (the verdict's): what the GPU's live advice is for."""
+    windows: dict[Cause | None, deque[tuple[float, RemedyInputs]]] = field(default_factory=dict)
+    """Steady windows per cause: a cause that comes back (cpu, then host for a job's teardown, then
+    cpu) finds its windows still there, and no cause's windows mix into another's median."""
+    cause_s: dict[Cause | None, float] = field(default_factory=dict)
+    """Seconds with each cause, counted as the detector counts them: the longest names the episode
+    (Episode.cause), and so says which cause its advice is for."""
+    last_t: float | None = None
     advice: Advice | None = None
     advised_t_s: float = -float("inf")
     changes: int = 0
-    """Bumped when `windows` (or the cause) changes: the advice is a function of them alone."""
+    """Bumped when any cause's windows (or the cause) change: the advice is a function of them."""
     advised: tuple[int, Thresholds] | None = None
     """(changes, thresholds) when `advice` was worked out."""
+
+    def kept(self, cause: Cause | None) -> deque[tuple[float, RemedyInputs]]:
+        found = self.windows.get(cause)
+        if found is None:
+            found = self.windows[cause] = deque(maxlen=KEPT_WINDOWS)
+        return found
+
+    @property
+    def label_cause(self) -> Cause | None:
+        """The cause held longest (the detector's rule for an episode's name; the first on a tie)."""
+        if len(self.cause_s) > 1:
+            return max(self.cause_s, key=lambda c: self.cause_s[c])
+        return self.cause
 
 
 class Advisor:
@@ -60,33 +80,37 @@ class Advisor:
                 if ep is not None:
                     self._close(key, ep)
                 ep = self._open[key] = _Episode(v.since_s, v.state, v.cause)
-            if ep.cause != v.cause:  # the cause refined (host, then cpu): its windows start afresh
+            if ep.cause != v.cause:  # the cause refined (host, then cpu), or a teardown's changed it
                 ep.cause = v.cause
-                ep.windows.clear()
                 ep.changes += 1
+            dt = 0.0 if ep.last_t is None else min(v.t_s - ep.last_t, window)
+            ep.last_t = v.t_s
+            ep.cause_s[v.cause] = ep.cause_s.get(v.cause, 0.0) + dt
             # the episode's steady windows: its own label, and whole inside it (not its onset)
             if v.state == State.STARVED and v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9:
                 inputs = RemedyInputs.of(v.evidence, peers.get(key, 0.0))
                 if inputs is not None:
-                    ep.windows.append((v.t_s, inputs))
+                    ep.kept(v.cause).append((v.t_s, inputs))
                     ep.changes += 1
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
         kept = self._closed.setdefault(key, deque(maxlen=self._episodes_kept))
-        kept.append((ep.start_s, self._advise(ep)))
+        kept.append((ep.start_s, self._advise(ep, ep.label_cause)))
 
-    def _advise(self, ep: _Episode) -> Advice | None:
-        """The model on the median of the episode's steady windows, less its last window's worth
-        when enough are left (a job's teardown: its loaders gone while the GPU still reads starved)."""
-        windows = list(ep.windows)
+    def _advise(self, ep: _Episode, cause: Cause | None) -> Advice | None:
+        """The model for `cause` on the median of the episode's steady windows with that cause, less
+        their last window's worth when enough are left (a job's teardown: its loaders gone while
+        the GPU still reads starved)."""
+        windows = list(ep.windows.get(cause, ()))
         if windows:
             settled = [i for t, i in windows if t <= windows[-1][0] - self.thresholds.window_s]
             chosen = settled if len(settled) >= len(windows) // 2 and settled else [i for _, i in windows]
-            return predict(ep.state, ep.cause, median_inputs(chosen), len(chosen))
-        return predict(ep.state, ep.cause, None, 0)
+            return predict(ep.state, cause, median_inputs(chosen), len(chosen))
+        return predict(ep.state, cause, None, 0)
 
     def current(self, key: GpuKey, t_s: float | None = None) -> Advice | None:
-        """The advice for the GPU's episode now (recomputed at most every RECOMPUTE_S of `t_s`)."""
+        """The advice for the GPU's episode now, for its cause now (the live verdict's; recomputed at
+        most every RECOMPUTE_S of `t_s`)."""
         ep = self._open.get(key)
         if ep is None:
             return None
@@ -95,17 +119,19 @@ class Advisor:
         if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S:
             basis = (ep.changes, self.thresholds)
             if ep.advised != basis:
-                ep.advice = self._advise(ep)
+                ep.advice = self._advise(ep, ep.cause)
                 ep.advised = basis
             ep.advised_t_s = t_s if t_s is not None else ep.advised_t_s
         return ep.advice
 
     def episodes(self, key: GpuKey) -> dict[float, Advice | None]:
-        """Each episode's advice by its start (the one going on last)."""
+        """Each episode's advice by its start (the one going on last), for the cause that names it
+        (held longest): an episode starved on CPU for a minute whose job's teardown read `host` for
+        its last seconds is advised on its CPU windows, as it is named."""
         out = dict(self._closed.get(key, ()))
         ep = self._open.get(key)
         if ep is not None:
-            out[ep.start_s] = self._advise(ep)
+            out[ep.start_s] = self._advise(ep, ep.label_cause)
         return out
 
 

@@ -105,6 +105,9 @@ class _Open:
     job: str | None = None
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause: the longest names a closed episode."""
+    reasons: dict[Cause | None, str] = field(default_factory=dict)
+    """The latest reason given with each cause: an episode's reason is its name's (a job's teardown
+    that reads `host` for its last seconds leaves a starved-cpu episode its CPU reason)."""
     wasted_gpu_s: float = 0.0
     duty_sum: float = 0.0
     duty_n: int = 0
@@ -224,11 +227,12 @@ class StarvationDetector:
             self._candidate = None
             if raw.cause == op.cause:
                 self._cause_candidate = None
-                op.reason = raw.reason
+                op.reason = op.reasons[raw.cause] = raw.reason
             elif self._cause_candidate != raw.cause:
                 self._cause_candidate, self._cause_since = raw.cause, t
             elif t - self._cause_since >= th.confirm_s - 1e-9:
                 op.cause, op.reason = raw.cause, raw.reason
+                op.reasons[raw.cause] = raw.reason
                 if len(op.causes) >= MAX_CAUSES_KEPT:
                     del op.causes[1]  # the first cause stays: how the episode began
                     op.causes_dropped += 1
@@ -313,6 +317,7 @@ class StarvationDetector:
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))
         self._open = _Open(key[0], key[1], since, reason, causes=[(since, key[1])], job=self._job_label)
+        self._open.reasons[key[1]] = reason
         label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
@@ -357,7 +362,7 @@ class StarvationDetector:
             wasted_gpu_s=round(op.wasted_gpu_s, 3),
             mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
             worst=op.worst,
-            reason=op.reason,
+            reason=op.reasons.get(cause, op.reason),
             causes=tuple(op.causes),
             job=op.job,
             causes_dropped=op.causes_dropped,
