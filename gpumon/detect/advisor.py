@@ -77,9 +77,11 @@ class Advisor:
             key = (v.index, v.uuid)
             ep = self._open.get(key)
             if ep is None or ep.start_s != v.since_s or ep.state != v.state:
+                last_t = None
                 if ep is not None:
                     self._close(key, ep)
-                ep = self._open[key] = _Episode(v.since_s, v.state, v.cause)
+                    last_t = ep.last_t  # the detector's clock runs on: a new episode's first tick counts
+                ep = self._open[key] = _Episode(v.since_s, v.state, v.cause, last_t=last_t)
             if ep.cause != v.cause:  # the cause refined (host, then cpu), or a teardown's changed it
                 ep.cause = v.cause
                 ep.changes += 1
@@ -109,14 +111,15 @@ class Advisor:
         return predict(ep.state, cause, None, 0)
 
     def current(self, key: GpuKey, t_s: float | None = None) -> Advice | None:
-        """The advice for the GPU's episode now, for its cause now (the live verdict's; recomputed at
-        most every RECOMPUTE_S of `t_s`)."""
+        """The advice for the GPU's episode now, for its cause now (the live verdict's): worked out
+        again at most every RECOMPUTE_S of `t_s`, and at once when the cause changed."""
         ep = self._open.get(key)
         if ep is None:
             return None
         # at most every RECOMPUTE_S, and only when a window came (or went) since: an episode with
         # no steady windows (any state but starved) is worked out once
-        if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S:
+        cause_changed = ep.advice is not None and ep.advice.cause != ep.cause
+        if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S or cause_changed:
             basis = (ep.changes, self.thresholds)
             if ep.advised != basis:
                 ep.advice = self._advise(ep, ep.cause)
