@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from gpumon.detect.remedies import Advice, RemedyInputs, median_inputs, predict
 from gpumon.detect.stragglers import stragglers
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict
+from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict, named_cause
 from gpumon.detect.vocabulary import Cause, State
 
 KEPT_WINDOWS = 60
@@ -52,10 +52,8 @@ class _Episode:
 
     @property
     def label_cause(self) -> Cause | None:
-        """The cause held longest (the detector's rule for an episode's name; the first on a tie)."""
-        if len(self.cause_s) > 1:
-            return max(self.cause_s, key=lambda c: self.cause_s[c])
-        return self.cause
+        """The cause the episode is named for, by the detector's rule."""
+        return named_cause(self.cause_s, self.cause)
 
 
 class Advisor:

@@ -4,6 +4,7 @@ time comes with the windows it is fed."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -55,6 +56,12 @@ class Episode(NamedTuple):
 
     def duration_s(self, now_s: float) -> float:
         return (self.end_s if self.end_s is not None else now_s) - self.start_s
+
+
+def named_cause(cause_s: Mapping[Cause | None, float], now: Cause | None) -> Cause | None:
+    """The cause an episode is named for: the one held longest (`cause_s`, seconds per cause, in
+    the order they came: the first on a tie); `now` while it has had one cause only."""
+    return max(cause_s, key=cause_s.__getitem__) if len(cause_s) > 1 else now
 
 
 class Verdict(NamedTuple):
@@ -351,7 +358,7 @@ class StarvationDetector:
                 op.settled = (d, e.as_dict())
 
     def _as_episode(self, op: _Open, end: float | None) -> Episode:
-        cause = max(op.cause_s, key=lambda c: op.cause_s[c]) if len(op.cause_s) > 1 else op.cause
+        cause = named_cause(op.cause_s, op.cause)
         return Episode(
             index=self._index,
             uuid=self._uuid,
