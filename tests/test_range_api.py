@@ -367,17 +367,26 @@ def test_the_verdict_log_takes_its_memory_at_its_first_tick_and_never_more() -> 
 
 def test_a_reader_never_sees_a_tick_half_written() -> None:
     """The sampling thread writes while the analysis thread copies: every copy holds whole ticks,
-    in order, each GPU's numbers those of its own tick."""
+    in order, each GPU's numbers those of its own tick. The writer writes back to back but pauses
+    now and then (the sampler's pause is a second), and the reader starts after its first tick:
+    the fresh-machine check once saw all of a reader's views None on a loaded machine (a view
+    before the first tick is None, and a writer that never pauses can leave no moment between
+    ticks). Whether a reader copies a tick half written is also tested without threads, below."""
     import sys
 
     log = VerdictLog(interval_s=1.0, preroll_s=0.0, kept_s=20.0)
-    stop = threading.Event()
+    stop, first = threading.Event(), threading.Event()
+    written = [0]
 
     def write() -> None:
         k = 0
         while not stop.is_set():
             _log_tick(log, k, 4)
             k += 1
+            written[0] = k
+            first.set()
+            if k % 10 == 0:  # back to back, but a pause now and then (the sampler's is a second)
+                stop.wait(0.001)
 
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
@@ -385,16 +394,19 @@ def test_a_reader_never_sees_a_tick_half_written() -> None:
     writer.start()
     views = []
     try:
-        for _ in range(300):
+        first.wait(10.0)  # a view before the first tick is None: that is not what this tests
+        while written[0] < 2000 and writer.is_alive():  # copies through 2,000 of the writer's ticks
             view = log.view()
-            if view is not None:
+            if view is not None and len(views) < 2000:
                 views.append(view)
     finally:
         stop.set()
         writer.join()
         sys.setswitchinterval(before)
-    assert views
-    for view in views:
+    last = log.view()  # no write going on now: a reader always gets the log
+    assert last is not None and round(last.latest.t_s - 100) == written[0] - 1
+    assert views, "a reader got the log between the writer's ticks"
+    for view in [*views, last]:
         times = [e.t_s for e in view.ticks]
         assert times == sorted(times) and len(set(times)) == len(times)
         assert view.ticks[-1].t_s == view.latest.t_s
