@@ -4,7 +4,7 @@ tick; no clock, no I/O: time comes with the verdicts."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,7 +30,9 @@ class _Episode:
     state: State
     cause: Cause | None
     """The cause now (the verdict's): what the GPU's live advice is for."""
-    windows: dict[Cause | None, deque[tuple[float, RemedyInputs]]] = field(default_factory=dict)
+    windows: defaultdict[Cause | None, deque[tuple[float, RemedyInputs]]] = field(
+        default_factory=lambda: defaultdict(lambda: deque(maxlen=KEPT_WINDOWS))
+    )
     """Steady windows per cause: a cause that comes back (cpu, then host for a job's teardown, then
     cpu) finds its windows still there, and no cause's windows mix into another's median."""
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
@@ -43,12 +45,6 @@ class _Episode:
     """Bumped when any cause's windows (or the cause) change: the advice is a function of them."""
     advised: tuple[int, Thresholds] | None = None
     """(changes, thresholds) when `advice` was worked out."""
-
-    def kept(self, cause: Cause | None) -> deque[tuple[float, RemedyInputs]]:
-        found = self.windows.get(cause)
-        if found is None:
-            found = self.windows[cause] = deque(maxlen=KEPT_WINDOWS)
-        return found
 
     @property
     def label_cause(self) -> Cause | None:
@@ -90,7 +86,7 @@ class Advisor:
             if v.state == State.STARVED and v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9:
                 inputs = RemedyInputs.of(v.evidence, peers.get(key, 0.0))
                 if inputs is not None:
-                    ep.kept(v.cause).append((v.t_s, inputs))
+                    ep.windows[v.cause].append((v.t_s, inputs))
                     ep.changes += 1
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
 from gpumon.detect.classify import Classification, classify
@@ -105,7 +105,7 @@ class _Open:
     state: State
     cause: Cause | None
     start_s: float
-    reason: str
+    first_reason: InitVar[str]
     causes: list[tuple[float, Cause | None]] = field(default_factory=list)
     causes_dropped: int = 0
     """Changes left out of `causes` to keep it at MAX_CAUSES_KEPT (Episode.causes_dropped)."""
@@ -126,6 +126,14 @@ class _Open:
     """(duty, evidence) of the lowest-duty agreeing window anywhere in the episode (for episodes
     too short to settle); the evidence made a dict once, when found, not each time it is read (the
     open episode is published on every tick)."""
+
+    def __post_init__(self, first_reason: str) -> None:
+        self.reasons[self.cause] = first_reason
+
+    @property
+    def reason(self) -> str:
+        """The latest reason given with the cause now: the live verdict's."""
+        return self.reasons[self.cause]
 
     @property
     def worst(self) -> dict[str, Any] | None:
@@ -234,11 +242,11 @@ class StarvationDetector:
             self._candidate = None
             if raw.cause == op.cause:
                 self._cause_candidate = None
-                op.reason = op.reasons[raw.cause] = raw.reason
+                op.reasons[raw.cause] = raw.reason
             elif self._cause_candidate != raw.cause:
                 self._cause_candidate, self._cause_since = raw.cause, t
             elif t - self._cause_since >= th.confirm_s - 1e-9:
-                op.cause, op.reason = raw.cause, raw.reason
+                op.cause = raw.cause
                 op.reasons[raw.cause] = raw.reason
                 if len(op.causes) >= MAX_CAUSES_KEPT:
                     del op.causes[1]  # the first cause stays: how the episode began
@@ -324,7 +332,6 @@ class StarvationDetector:
         if old is not None and since > old.start_s:  # an episode of no length is no episode
             self.episodes.append(self._as_episode(old, since))
         self._open = _Open(key[0], key[1], since, reason, causes=[(since, key[1])], job=self._job_label)
-        self._open.reasons[key[1]] = reason
         label = state_label(*key)
         self.episodes_started[label] = self.episodes_started.get(label, 0) + 1
 
