@@ -1,8 +1,10 @@
 """Host CPU, iowait, disk reads, and the CPU of each GPU process tree, through `psutil`.
 
 The psutil-like object is injected (the real `psutil`, or the simulator's `gpumon.sim.fakehost`).
-Reading (cumulative counters) is split from computing rates (`cpu_ratios`, `rate`), which are
-pure and what the tests hit. Rates need two readings: the first `poll` only takes a baseline and
+On Linux, the cores' times (gpumon.collect.sources.cpustat) and disk reads (DiskStats) are read
+from /proc directly: psutil's cost grows with the cores and disks, theirs hardly. Reading
+(cumulative counters) is split from computing rates (`cpu_ratios`, `rate`), which are pure and
+what the tests hit. Rates need two readings: the first `poll` only takes a baseline and
 returns None.
 
 Known limits, said plainly: descendants that exit between two ticks take their CPU time with them
@@ -18,8 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
+from gpumon.collect.sources.cpustat import CoreTimes, CpuRatios, ProcStat
+from gpumon.collect.sources.cpustat import ratios as core_ratios
 from gpumon.core.model import HostSample, ProcessCpu
 from gpumon.core.problems import Problems
 
@@ -31,12 +35,6 @@ def load_psutil() -> ModuleType:
     import psutil
 
     return psutil  # type: ignore[no-any-return]  # untyped: seen as Any
-
-
-class CpuRatios(NamedTuple):
-    cpu_ratio: float
-    busiest_core_ratio: float
-    iowait_ratio: float | None
 
 
 def _busy_idle(t: Any) -> tuple[float, float, float]:
@@ -258,6 +256,19 @@ def busiest_disk_ratio(prev: dict[str, int] | None, cur: dict[str, int] | None, 
     return round(min(1.0, max(shares)), 4) if shares else None
 
 
+def _core_reader(path: str | None) -> ProcStat | None:
+    """A reader of the cores' times from `path`, if it reads (else psutil's are used)."""
+    if path is None:
+        return None
+    reader = ProcStat(path)
+    try:
+        reader.read()
+    except (OSError, ValueError) as e:
+        log.info("host: per-core CPU times from psutil (%s)", e)
+        return None
+    return reader
+
+
 def _cpu_s(proc: Any) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system)
@@ -271,13 +282,17 @@ class HostSource:
         psutil: ModuleType | Any,
         problems: Problems | None = None,
         children_rescan_s: float = CHILDREN_RESCAN_S,
+        cpu_stat: str | None = None,
     ) -> None:
+        """`cpu_stat`: a /proc/stat to read the cores' times from (gpumon.collect.sources.cpustat);
+        by default Linux's own where `psutil` is the real one and the file reads, else psutil's
+        cpu_times."""
         self._ps = psutil
         self._rescan_s = children_rescan_s
         self._problems = problems or Problems(log)
         self._cpu_count = int(psutil.cpu_count() or 1)
         self._prev_t: float | None = None
-        self._prev_cpu: list[Any] | None = None
+        self._prev_cpu: list[Any] | CoreTimes | None = None
         self._prev_disk: int | None = None
         self._disk_busy: dict[str, int] | None = None
         self._prev_disk_busy: dict[str, int] | None = None
@@ -292,6 +307,7 @@ class HostSource:
         # disk on every call, a quarter of what the host side costs per tick.
         real = getattr(psutil, "__name__", "") == "psutil" and os.path.exists(DISKSTATS)
         self._diskstats = DiskStats(DISKSTATS) if real else None
+        self._cores = _core_reader(cpu_stat or ("/proc/stat" if real else None))
         self._gone = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
         # run-queue and I/O delay per process: from /proc on Linux, from the simulator's host in a
         # simulation (it models them), else not at all
@@ -307,7 +323,7 @@ class HostSource:
             newest = self._procfs.newest_pid()
             self._born = newest is None or newest != self._newest_pid
             self._newest_pid = newest
-        cur_cpu = list(self._ps.cpu_times(percpu=True))
+        cur_cpu = self._cores.read() if self._cores is not None else list(self._ps.cpu_times(percpu=True))
         disk = self._read_disk()
         procs = self._processes(sorted(set(gpu_pids)), t_s)
         prev_t, prev_cpu, prev_disk = self._prev_t, self._prev_cpu, self._prev_disk
@@ -317,7 +333,11 @@ class HostSource:
         if prev_t is None or prev_cpu is None:
             return None  # baseline only: rates need two readings
         dt = t_s - prev_t
-        ratios = cpu_ratios(prev_cpu, cur_cpu)
+        ratios = (
+            core_ratios(prev_cpu, cur_cpu)
+            if isinstance(cur_cpu, CoreTimes) and isinstance(prev_cpu, CoreTimes)
+            else cpu_ratios(prev_cpu, cur_cpu)
+        )
         return HostSample(
             t_s=t_s,
             cpu_count=self._cpu_count,
