@@ -399,3 +399,49 @@ def test_the_busiest_disk_utilization_comes_from_diskstats_io_ticks(tmp_path: Pa
     assert read_bytes == (2000 + 4000) * 512
     assert busiest_disk_ratio(before, after, 2.0) == pytest.approx(0.45)
     assert busiest_disk_ratio(None, after, 2.0) is None  # one reading: no rate yet
+
+
+BURN = """
+import os, sys, threading, time
+def burn():
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+w = threading.Thread(target=burn)
+w.start(); w.join()
+with open(sys.argv[1], "rb") as f:
+    f.read()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_procfs_counts_a_process_as_psutil_does_with_all_its_threads(tmp_path: Path) -> None:
+    """ProcFs.counts (every job process, every tick) reads what psutil's cpu_times and io_counters
+    do: the CPU time of all the process's threads (schedstat's is its first thread's only), the
+    bytes it read from storage; and says when the process is gone."""
+    import subprocess
+    import sys
+
+    from gpumon.collect.sources.host import ProcFs, load_psutil
+
+    psutil = load_psutil()
+    data = tmp_path / "data"
+    data.write_bytes(b"x" * 65536)
+    child = subprocess.Popen([sys.executable, "-c", BURN, str(data)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"  # it sleeps now
+        procfs = ProcFs()
+        got = procfs.counts(child.pid)
+        times = psutil.Process(child.pid).cpu_times()
+        assert got.cpu_s == pytest.approx(times.user + times.system, abs=1e-9)
+        assert got.cpu_s >= 0.3, "the burning thread's time is the process's"
+        first_thread = procfs.sched(child.pid)
+        assert first_thread is not None and first_thread[0] < got.cpu_s
+        assert got.read_b == psutil.Process(child.pid).io_counters().read_bytes
+        assert got.runq_s == pytest.approx(first_thread[1])
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(ProcessLookupError):
+        ProcFs().counts(child.pid)
