@@ -135,3 +135,23 @@ def test_this_machines_proc_stat_reads_a_line_per_online_core() -> None:
     lines = [x for x in Path("/proc/stat").read_text().splitlines() if x[:3] == "cpu" and x[3].isdigit()]
     assert len(r.names) == len(lines) >= 1
     assert all(t >= b >= 0 for t, b in zip(r.total, r.busy))
+
+
+def test_a_proc_file_is_read_to_its_end_and_no_further_than_the_bound(tmp_path: Path) -> None:
+    """read_proc reads until the end (a /proc file of records, as diskstats, may come a page at a
+    time), and never more than it was asked for."""
+    from gpumon.collect.sources.procfile import read_proc
+
+    f = tmp_path / "f"
+    data = bytes(range(256)) * 1000  # 256 KB: four of its reads
+    f.write_bytes(data)
+    assert read_proc(str(f), 1 << 20) == data
+    assert read_proc(str(f), 100_000) == data[:100_000]
+    assert read_proc(str(f), 100, one_record=True) == data[:100]  # one read, of at most 100 bytes
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_proc(str(tmp_path / "empty")) == b""
+    with pytest.raises(FileNotFoundError):
+        read_proc(str(tmp_path / "missing"))
+    if Path("/proc/self/mountinfo").is_file():
+        with open("/proc/self/mountinfo", "rb") as g:
+            assert read_proc("/proc/self/mountinfo", 1 << 20) == g.read()

@@ -17,10 +17,11 @@ import itertools
 import operator
 from typing import NamedTuple
 
+from gpumon.collect.sources.procfile import read_proc
+
 MAX_BYTES = 1 << 20
 """At most this much of /proc/stat is read: its per-core lines come first (~100 bytes a core, so
 some 10,000 cores); the interrupt counts after them, which can be large, are not needed."""
-CHUNK = 65536
 COLUMNS = 8
 """The columns used: user nice system idle iowait irq softirq steal (Linux >= 2.6.11). Guest time,
 after them, is already inside user and nice time."""
@@ -122,15 +123,7 @@ class ProcStat:
 
     def read(self) -> CoreTimes:
         """ValueError where the file has no per-core lines this module can read; OSError as opened."""
-        parts, size = [], 0
-        with open(self.path, "rb", buffering=0) as f:
-            while size < MAX_BYTES:  # (a read of MAX_BYTES at once would allocate all of it first)
-                part = f.read(min(CHUNK, MAX_BYTES - size))
-                if not part:
-                    break
-                parts.append(part)
-                size += len(part)
-        found = parse(b"".join(parts))
+        found = parse(read_proc(self.path, MAX_BYTES))
         if found is None:
             raise ValueError(f"{self.path}: no per-core lines of {COLUMNS} columns or more")
         return found

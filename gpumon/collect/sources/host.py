@@ -24,6 +24,7 @@ from typing import Any
 
 from gpumon.collect.sources.cpustat import CoreTimes, CpuRatios, ProcStat
 from gpumon.collect.sources.cpustat import ratios as core_ratios
+from gpumon.collect.sources.procfile import read_proc
 from gpumon.core.model import HostSample, ProcessCpu
 from gpumon.core.problems import Problems
 
@@ -122,18 +123,8 @@ class _Tree:
         return None if self.age_at_first_s is None else round(self.age_at_first_s + t_s - self.first_t_s, 1)
 
 
-def _read_small(path: str) -> bytes:
-    """A small /proc file (at most SMALL_READ bytes) in three system calls: Python's `open` adds
-    four more (fstat twice, an ioctl, lseek), for files read for every job process on every tick."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, SMALL_READ)
-    finally:
-        os.close(fd)
-
-
-SMALL_READ = 4096
-"""/proc/PID/stat, io and schedstat are a few hundred bytes at most."""
+SMALL = 4096
+"""A process's stat, io and schedstat, and loadavg, are a few hundred bytes at most."""
 
 
 class ProcFs:
@@ -184,11 +175,12 @@ class ProcFs:
     def counts(self, pid: int) -> _Counts:
         """A process's CPU time (user and system, all its threads), bytes read from storage,
         run-queue wait and block I/O delay: what psutil's cpu_times and io_counters read (stat,
-        io) with schedstat, without their layers (about half of a job process's cost a tick:
-        benchmarks/sampler_cost.py). ProcessLookupError when the process is gone."""
+        io) with schedstat, without their layers, each file in three system calls (about half of
+        a job process's cost a tick: benchmarks/sampler_cost.py). ProcessLookupError when the
+        process is gone."""
         base = f"{self.root}/{pid}/"
         try:
-            stat = _read_small(base + "stat")
+            stat = read_proc(base + "stat", SMALL, one_record=True)
             fields = stat[stat.rfind(b")") + 2 :].split()
             cpu_s = (int(fields[11]) + int(fields[12])) / self._tck
             blkio = int(fields[39]) / self._tck if len(fields) > 39 and self.delayacct() else None
@@ -196,7 +188,7 @@ class ProcFs:
             raise ProcessLookupError(pid) from None  # gone (or no process's stat: as good as gone)
         read_b: int | None = None
         try:  # another user's process, without the capability to read it: unknown, not zero
-            io = _read_small(base + "io")
+            io = read_proc(base + "io", SMALL, one_record=True)
             at = io.find(b"\nread_bytes:")
             if at >= 0:
                 end = io.find(b"\n", at + 1)
@@ -205,7 +197,7 @@ class ProcFs:
             pass
         runq: float | None = None
         try:
-            runq = int(_read_small(base + "schedstat").split()[1]) / 1e9
+            runq = int(read_proc(base + "schedstat", SMALL, one_record=True).split()[1]) / 1e9
         except (OSError, ValueError, IndexError):
             pass
         return _Counts(cpu_s=cpu_s, read_b=read_b, runq_s=runq, blkio_s=blkio)
@@ -214,8 +206,7 @@ class ProcFs:
         """The PID most recently handed out on the host (/proc/loadavg): it changes when any process
         is born (namespaced PIDs aside)."""
         try:
-            with open(f"{self.root}/loadavg", "rb") as f:
-                return int(f.read().split()[-1])
+            return int(read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()[-1])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -250,6 +241,8 @@ class ProcFs:
 
 
 DISKSTATS = "/proc/diskstats"
+MAX_DISKSTATS = 1 << 20
+"""~100 bytes a block device: some 10,000 of them."""
 
 
 class DiskStats:
@@ -271,8 +264,7 @@ class DiskStats:
     def read(self) -> tuple[int, dict[str, int]]:
         """Bytes read from whole disks, and each whole disk's milliseconds spent doing I/O
         (io_ticks, the 10th statistic: what iostat's %util is made of)."""
-        with open(self._path, "rb") as f:
-            lines = f.read().split(b"\n")
+        lines = read_proc(self._path, MAX_DISKSTATS).split(b"\n")
         now = time.monotonic()
         if now - self._checked >= self.RECHECK_S:
             self._disks = (
