@@ -226,8 +226,11 @@ class ProcFs:
                 continue
             for tid in tids:
                 try:
-                    with open(f"{self.root}/{current}/task/{tid}/children", "rb") as f:
-                        kids = [int(x) for x in f.read().split()]
+                    # (a file of records: read to its end; ~8 bytes a child)
+                    kids = [
+                        int(x)
+                        for x in read_proc(f"{self.root}/{current}/task/{tid}/children", 1 << 20).split()
+                    ]
                 except FileNotFoundError:
                     if first:
                         return None
