@@ -90,6 +90,24 @@ def test_devices_without_a_driver_fails_cleanly() -> None:
         (["record", "--simulate", "healthy", "--replay", "t"], "not allowed with"),
         (["record", "--simulate", "healthy"], "-o/--output"),
         (["frobnicate"], "invalid choice"),
+        # dates no recording holds, which Python cannot write in UTC either (once an internal error)
+        (
+            [
+                "analyze",
+                "--from",
+                ".",
+                "--since",
+                "9999-12-31T12:00-01:00",
+                "--until",
+                "9999-12-31T23:59-01:00",
+            ],
+            "argument --since",
+        ),
+        (
+            ["analyze", "--from", ".", "--since", "2026-12-01T00:00Z", "--until", "9999-12-31T23:59:59.9Z"],
+            "argument --until",
+        ),
+        (["report", "--job", "1", "--since", "0001-01-01T00:00Z"], "argument --since"),
     ],
 )
 def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -140,6 +140,64 @@ def test_the_analysis_api_refuses_since_after_until_with_400(recording: Path) ->
     assert status == 400 and "before until" in str(doc["error"]), doc
 
 
+@pytest.mark.parametrize(
+    ("query", "names"),
+    [
+        # a range near year 1 or 9999: the replay's start a window earlier, or the date in UTC, was
+        # no date Python can write (a traceback and no answer at all, found by a hostile-input pass)
+        ("since=9999-12-31T12:00-01:00&until=9999-12-31T23:59-01:00", "since"),
+        ("since=0001-01-01T00:00%2B01:00&until=0001-01-01T12:00%2B01:00", "since"),
+        ("since=9999-12-31T23:00Z&until=9999-12-31T23:59:59.999999Z", "since"),
+        ("since=0001-01-01T00:00Z&until=0001-01-01T01:00Z", "since"),
+        ("since=2026-12-01T00:00Z&until=9999-12-31T23:59:59.999999Z", "until"),
+        ("since=%C2%B2m", "since"),  # a superscript two is a digit to str.isdigit
+        ("since=10m&gpu=%C2%B2", "gpu"),
+        ("since=10m&since=5m", "since"),  # which one was meant is not for the daemon to guess
+        ("since=5m&gpu=0&gpu=1", "gpu"),
+    ],
+)
+def test_the_analysis_api_refuses_a_bad_parameter_with_400_naming_it(
+    recording: Path, query: str, names: str
+) -> None:
+    for directory in (str(recording), None):  # the recorder on, and off: the query is wrong either way
+        api = AnalysisApi(directory, lambda: Config())
+        status, doc = ask(api, query)
+        assert status == 400 and str(doc["error"]).startswith(f"{names}:"), (query, doc)
+
+
+def test_the_running_analysis_shares_its_answer_with_a_bounded_number_of_requests(
+    recording: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests waiting on the running analysis are being served, so none of their connections is
+    closed to make room for a new client: without a bound, clients asking for one long analysis
+    could hold every connection (found by a hostile-input pass)."""
+    from gpumon.serve import analysis_api
+
+    api = AnalysisApi(str(recording), lambda: Config())
+    release = asyncio.Event()
+
+    async def held(*args: object) -> analysis_api.Answer:
+        await release.wait()
+        return analysis_api.Answer(200, b"{}")
+
+    monkeypatch.setattr(api, "_analyze", held)
+    query = f"since={iso(EPOCH)}&until={iso(EPOCH + 200)}"
+
+    async def scenario() -> list[int]:
+        first = asyncio.ensure_future(api.answer(query))
+        while api._running is None:
+            await asyncio.sleep(0)
+        sharing = [asyncio.ensure_future(api.answer(query)) for _ in range(analysis_api.SHARING_MAX)]
+        await asyncio.sleep(0)
+        over = await api.answer(query)  # one more: turned away at once, not held
+        release.set()
+        return [over.status, (await first).status, *[(await t).status for t in sharing]]
+
+    statuses = asyncio.run(scenario())
+    assert statuses[0] == 429
+    assert statuses[1:] == [200] * (1 + analysis_api.SHARING_MAX)
+
+
 def test_the_analysis_api_answers_404_for_a_gpu_the_range_lacks(recording: Path) -> None:
     api = AnalysisApi(str(recording), lambda: Config())
     status, doc = ask(api, f"since={iso(EPOCH)}&until={iso(EPOCH + 200)}&gpu=7")

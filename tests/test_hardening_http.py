@@ -123,6 +123,7 @@ def test_malformed_requests_get_one_status_line_and_no_traceback(
     out = hostile.raw_exchange(HOST, served.port, request_bytes)
     lines = hostile.responses_in(out)
     assert len(lines) == 1 and lines[0].startswith(b"HTTP/1.1 " + status), out[:200]
+    assert b"bytearray(" not in out, "a reason for people, not the bytes as Python writes them"
     if status == b"405":
         assert b"Allow: GET, HEAD" in out
 

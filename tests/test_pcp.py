@@ -570,3 +570,12 @@ def test_a_mig_instance_is_a_pcp_instance_of_its_own() -> None:
     names = re.findall(r'instname="([^"]+)"', text)
     assert set(names) == {"gpu1", "gpu1mig2"}
     assert [r.util_pct for r in rows(snap)] == [None, 40.0]
+
+
+def test_the_state_metrics_help_names_every_code_it_can_hold() -> None:
+    """pmdaopenmetrics shows the HELP line as the metric's help text: a code missing there (small,
+    start, mig once were) is a value a user cannot look up."""
+    text = pcp.render_rows([]).decode()
+    help_line = next(line for line in text.splitlines() if line.startswith("# HELP gpu_state "))
+    named = set(help_line.split(": ", 1)[1].split())
+    assert set(pcp.STATE_CODES.values()) | {"lost", "-"} <= named

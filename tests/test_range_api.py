@@ -60,8 +60,8 @@ def iso(unix_s: float) -> str:
     return quote(datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat())
 
 
-def ask(api: AnalysisApi, query: str) -> Answer:
-    return asyncio.run(api.answer(query))
+def ask(api: AnalysisApi, query: str, client: str = "?") -> Answer:
+    return asyncio.run(api.answer(query, client))
 
 
 def how(a: Answer) -> str | None:
@@ -200,24 +200,28 @@ def test_a_spent_cpu_budget_answers_429_with_retry_after_until_it_refills(daemon
 
 
 def test_a_client_that_polls_cannot_take_every_refill_from_one_that_waits_as_told(daemon: Daemon) -> None:
+    """Even one that asks a new query every time (a new query once took every place in the line, so
+    the polite client never got one: found by a hostile-input pass): an address holds one place."""
     clock = FakeMonotonic()
     api = api_over(daemon, clock)
     api.budget.charge(5.0, clock.t)  # spent: 40 s to refill
-    polite = ask(api, "since=10m")
+    polite = ask(api, "since=10m", client="10.0.0.2")
     assert polite.status == 429 and dict(polite.headers)["Retry-After"] == "40"
-    for _ in range(40):  # another client asks every second meanwhile, and right at the refill
-        clock.t += 1.01
-        assert ask(api, "since=3m").status == 429
-    assert ask(api, "since=3m").status == 429, "the query refused first has the first turn"
-    assert ask(api, "since=10m").status == 200, "it comes back as told and is answered"
-    # a query that never comes back holds up the others only until its turn lapses
+    for i in range(400):  # another client asks ten times a second meanwhile, a new query each time
+        clock.t += 0.101
+        assert ask(api, f"since={180 + i}s", client="10.0.0.3").status == 429
+    assert len(api._line) == 2, "one place for each address, whatever it asks"
+    assert ask(api, "since=3m", client="10.0.0.3").status == 429, "the client refused first goes first"
+    assert ask(api, "since=10m", client="10.0.0.2").status == 200, "it comes back as told and is answered"
+    # a client that never comes back holds up the others only until its turn lapses
+    api = api_over(daemon, clock)
     api.budget.charge(5.0, clock.t)
-    gone = ask(api, "since=8m")  # refused first, and never asks again
-    assert gone.status == 429 and ask(api, "since=4m").status == 429
+    gone = ask(api, "since=8m", client="10.0.0.4")  # refused first, and never asks again
+    assert gone.status == 429 and ask(api, "since=4m", client="10.0.0.3").status == 429
     clock.t += int(dict(gone.headers)["Retry-After"]) + 0.5  # refilled
-    assert ask(api, "since=4m").status == 429, "the first refused still has its turn"
+    assert ask(api, "since=4m", client="10.0.0.3").status == 429, "the first refused still has its turn"
     clock.t += TURN_GRACE_S
-    assert ask(api, "since=4m").status == 200, "its turn lapsed"
+    assert ask(api, "since=4m", client="10.0.0.3").status == 200, "its turn lapsed"
 
 
 def test_one_analysis_at_a_time_the_same_question_shares_its_answer(daemon: Daemon) -> None:

@@ -764,3 +764,56 @@ def test_the_readme_exit_code_table_matches_sigterm() -> None:
     text = (ROOT / "README.md").read_text()
     row = next(ln for ln in text.splitlines() if ln.startswith("| 130 |"))
     assert "record" in row and "serve" in row and "exits 0" in row, row
+
+
+def test_a_route_that_fails_gives_its_client_a_500_and_the_server_serves_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug of gpumon's behind one route (the analysis API once raised on a date it could not
+    write): that client gets a 500 and a line in the log, not a dropped connection; others are
+    served."""
+
+    async def broken(query: str, client: str) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
+        raise ValueError("year 10000 is out of range")
+
+    routes = http.Routes(
+        metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
+        state=dict,
+        health=lambda: (True, "ok"),
+        landing=lambda: "gpumon",
+        analysis=broken,
+    )
+    web = http.WebServer(("127.0.0.1", 0), routes, WebConfig())
+    web.start()
+    try:
+        base = f"http://127.0.0.1:{web.port}"
+        with (
+            caplog.at_level(logging.ERROR, logger="gpumon.serve.http"),
+            pytest.raises(urllib.error.HTTPError) as failed,
+        ):
+            urllib.request.urlopen(f"{base}/api/v1/analysis?since=10m", timeout=10)
+        assert failed.value.code == 500 and b"internal error" in failed.value.read()
+        assert "internal error answering" in caplog.text and "year 10000" in caplog.text
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+            assert r.status == 200 and r.read() == b"up 1\n"
+    finally:
+        web.stop()
+
+
+@pytest.mark.parametrize(
+    ("header", "gzip"),
+    [
+        ("gzip", True),
+        ("deflate, GZIP", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0", False),
+        ("gzip;level=1;q=0", False),  # q after another parameter (once read as no q at all)
+        ("gzip;level=1;q=0.5", True),
+        ("gzip;q=abc", False),
+        ("identity", False),
+        ("", False),
+    ],
+)
+def test_gzip_is_sent_only_where_the_accept_encoding_header_takes_it(header: str, gzip: bool) -> None:
+    assert http.accepts_gzip(header) is gzip

@@ -6,11 +6,12 @@ minutes) is answered in-process from the verdicts the daemon gave (gpumon.serve.
 a thread of its own at nice 19; any other is replayed in its own process at nice 10, stopped after
 analysis_timeout_s, which dies with the daemon (PR_SET_PDEATHSIG, and killed when the server
 stops). Answers are cached per (query, thresholds) until a new tick arrives. One analysis at a time:
-the same query shares the running one's answer, another gets 429 (Retry-After: 1). The CPU used
-is charged to a budget (gpumon.serve.cpu_budget): while it is spent, 429 with Retry-After, and the
-queries refused so wait in line: once it refills, the one refused first goes first if it comes back
-within its Retry-After (and a grace), so a client that polls cannot take every refill from one that
-waits as told. Nothing
+the same query shares the running one's answer (SHARING_MAX requests at most), another gets 429
+(Retry-After: 1). The CPU used is charged to a budget (gpumon.serve.cpu_budget): while it is spent,
+429 with Retry-After, and the clients refused so wait in line, one place per address: once it
+refills, the client refused first goes first if it comes back within its Retry-After (and a grace),
+so a client that polls, even with ever-new queries, cannot take every refill from one at another
+address that waits as told. Nothing
 here runs on the event loop or takes a lock a scrape takes. Statuses: 400 for a query that cannot
 be right (unknown parameter, since after until, a range too long), 404 for one that finds nothing
 (no samples, no such GPU), 429/503 to try again later (with Retry-After), 500 only for a failure of
@@ -64,6 +65,14 @@ def _problem(status: int, why: str, retry_after_s: int | None = None) -> Answer:
     return Answer(status, json.dumps({"error": why}).encode(), headers)
 
 
+def _point(name: str, text: str, now: float) -> float:
+    """A query's time parameter; ValueError naming it."""
+    try:
+        return _when(text, now)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
 def _when(text: str, now: float) -> float:
     # a '+' left unescaped in a query is a space: 14:00+01:00 arrives as "14:00 01:00"
     return time_point(re.sub(r"(T\d\d:\d\d(?::\d\d(?:\.\d+)?)?) (\d\d:?\d\d)$", r"\1+\2", text), now)
@@ -88,10 +97,16 @@ def _die_with_parent() -> None:
 
 
 IN_LINE = 16
-"""Queries remembered in the order the spent budget refused them (more are refused, not queued)."""
+"""Client addresses remembered in the order the spent budget refused them (more are refused, not
+queued): one place each, whatever queries an address asks, so a client that asks ever-new ones
+holds one place, not the whole line."""
 TURN_GRACE_S = 10.0
-"""How long after its Retry-After a query in line keeps its turn: a client that has gone away
-holds up the others no longer than this."""
+"""How long after its Retry-After a client in line keeps its turn: one that has gone away holds
+up the others no longer than this."""
+SHARING_MAX = 8
+"""Requests that may wait for the running analysis's answer (the same query); more get 429 at
+once. A waiting connection is being served, so it is never closed to make room for a new one:
+without a bound, clients all asking for one long analysis could hold every connection."""
 
 
 class AnalysisApi:
@@ -119,20 +134,25 @@ class AnalysisApi:
         self.budget = budget or CpuBudget(now=monotonic())
         self._cache: collections.OrderedDict[Hashable, tuple[Hashable, Answer]] = collections.OrderedDict()
         self._running: tuple[Hashable, asyncio.Future[Answer]] | None = None
-        self._line: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
-        """Queries the spent budget refused, first refused first, with when their turn lapses."""
+        self._line: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Client addresses the spent budget refused, first refused first, with when their turn
+        lapses."""
+        self._sharing = 0
+        """Requests waiting for the running analysis's answer."""
         self._pool: ThreadPoolExecutor | None = None
         self.analyses = 0
         """Analyses run (not answered from the cache): tests and benchmarks read it."""
 
-    async def answer(self, query: str) -> Answer:
-        if self.directory is None:
-            return _problem(404, "the recorder is off (record = off, or simulated GPUs without record_dir)")
+    async def answer(self, query: str, client: str = "?") -> Answer:
+        """`client`: the asking client's address: the line of clients the spent budget refused
+        holds one place per address."""
         cfg = self._settings()
         try:
             asked = _parse(query, self._now(), cfg.analysis_max_range_s)
         except ValueError as e:  # its message says what to change
             return _problem(400, f"{e}")
+        if self.directory is None:
+            return _problem(404, "the recorder is off (record = off, or simulated GPUs without record_dir)")
         since, until, gpus = asked
         th = cfg.thresholds
         key = (query, tuple(getattr(th, k) for k in th.__slots__))
@@ -143,24 +163,28 @@ class AnalysisApi:
             return cached[1]._replace(headers=(("X-Gpumon-Analysis", "cached"),))
         running = self._running
         if running is not None:
-            if running[0] == key:  # the same question: share its answer
-                return await asyncio.shield(running[1])
+            if running[0] == key and self._sharing < SHARING_MAX:  # the same question: its answer
+                self._sharing += 1
+                try:
+                    return await asyncio.shield(running[1])
+                finally:
+                    self._sharing -= 1
             return _problem(429, "an analysis is running: one at a time; try again shortly", retry_after_s=1)
         now = self._monotonic()
         if not self.budget.allows(now):
             wait = self.budget.retry_after_s(now)
             share = self.budget.share
-            if key in self._line or len(self._line) < IN_LINE:
-                self._line[key] = now + wait + TURN_GRACE_S  # its place kept, its turn renewed
+            if client in self._line or len(self._line) < IN_LINE:
+                self._line[client] = now + wait + TURN_GRACE_S  # its place kept, its turn renewed
             return _problem(
                 429,
                 f"the analyses' CPU budget ({share:.0%} of a core) is spent: try again in {wait} s",
                 retry_after_s=wait,
             )
         first = self._first_in_line(now)
-        if first is not None and first != key:
-            return _problem(429, "a query refused earlier goes first: try again shortly", retry_after_s=1)
-        self._line.pop(key, None)
+        if first is not None and first != client:
+            return _problem(429, "a client refused earlier goes first: try again shortly", retry_after_s=1)
+        self._line.pop(client, None)
         done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._running = (key, done)
         try:
@@ -178,8 +202,8 @@ class AnalysisApi:
                 self._cache.popitem(last=False)
         return result
 
-    def _first_in_line(self, now: float) -> Hashable | None:
-        """The query whose turn it is, once the budget refilled (those whose turn lapsed dropped)."""
+    def _first_in_line(self, now: float) -> str | None:
+        """The client whose turn it is, once the budget refilled (those whose turn lapsed dropped)."""
         while self._line:
             key, lapses = next(iter(self._line.items()))
             if lapses >= now:
@@ -319,12 +343,15 @@ def _parse(query: str, now: float, max_range_s: float) -> tuple[float, float, fr
     unknown = sorted(set(q) - {"since", "until", "gpu"})
     if unknown:
         raise ValueError(f"unknown parameter {unknown[0]!r}: since, until and gpu are known")
-    since = _when(q.get("since", ["1h"])[-1], now)  # one reading of now: since=1d is a day before until
-    until = _when(q["until"][-1], now) if "until" in q else now
+    for name, values in q.items():
+        if len(values) > 1:  # which one was meant is not for the daemon to guess
+            raise ValueError(f"{name}: given {len(values)} times; give it once (gpu=0,3 for several GPUs)")
+    since = _point("since", q.get("since", ["1h"])[0], now)  # one reading of now: 1d is a day before until
+    until = _point("until", q["until"][0], now) if "until" in q else now
     if until <= since:
         raise ValueError("since must come before until")
-    gpus = q.get("gpu", [""])[-1]
-    if gpus and not all(x.strip().isdigit() for x in gpus.split(",")):
+    gpus = q.get("gpu", [""])[0]
+    if gpus and not all(x.strip().isascii() and x.strip().isdigit() for x in gpus.split(",")):
         raise ValueError(f"gpu: expected indices such as 0 or 0,3; got {gpus!r}")
     if until - since > max_range_s:
         raise ValueError(

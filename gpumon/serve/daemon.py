@@ -212,8 +212,8 @@ class Daemon:
             now=lambda: self.clock.now() + self._unix_offset(),
         )
 
-    async def _analysis(self, query: str) -> Answer:
-        return await self.analysis.answer(query)
+    async def _analysis(self, query: str, client: str) -> Answer:
+        return await self.analysis.answer(query, client)
 
     def nvml_trouble(self, now: float) -> tuple[str | None, str]:
         return self.freshness.trouble(

@@ -90,9 +90,10 @@ class Routes:
     landing: Callable[[], str]
     pcp: Callable[[], bytes] | None = None
     """/metrics/pcp: a few series in PCP's openmetrics dialect (gpumon.serve.pcp), for pcp-dstat."""
-    analysis: Callable[[str], Awaitable[tuple[int, bytes, tuple[tuple[str, str], ...]]]] | None = None
-    """/api/v1/analysis?QUERY: (status, JSON body, headers such as Retry-After); awaited on the
-    event loop (it must not block: gpumon.serve.analysis_api runs its work elsewhere)."""
+    analysis: Callable[[str, str], Awaitable[tuple[int, bytes, tuple[tuple[str, str], ...]]]] | None = None
+    """/api/v1/analysis?QUERY, asked by a client address: (status, JSON body, headers such as
+    Retry-After); awaited on the event loop (it must not block: gpumon.serve.analysis_api runs its
+    work elsewhere)."""
 
 
 def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -102,14 +103,15 @@ def _text(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) 
 def accepts_gzip(header: str) -> bool:
     """Accept-Encoding names gzip (or *) with a q-value above 0."""
     for item in header.split(","):
-        name, _, params = item.strip().partition(";")
+        name, *params = item.split(";")
         if name.strip().lower() in ("gzip", "*"):
-            q = params.strip().lower()
-            if q.startswith("q="):
-                try:
-                    return float(q[2:]) > 0
-                except ValueError:
-                    return False
+            for param in params:  # q among any others (`gzip;level=1;q=0`)
+                key, _, value = param.strip().partition("=")
+                if key.strip().lower() == "q":
+                    try:
+                        return float(value.strip()) > 0
+                    except ValueError:
+                        return False
             return True
     return False
 
@@ -591,7 +593,8 @@ class WebServer:
                 request = await self._next_request(h, reader, writer, conn, served)
             except h11.RemoteProtocolError as e:
                 status = e.error_status_hint if e.error_status_hint in (400, 413, 414, 431) else 400
-                writer.write(_raw(status, f"bad request: {e}\n"))
+                why = str(e).split(": bytearray(", 1)[0]  # (h11 quotes the bytes as Python writes them)
+                writer.write(_raw(status, f"bad request: {why}\n"))
                 await _drain(writer, self.timeout_s)
                 return
             if request is None:
@@ -599,7 +602,11 @@ class WebServer:
             conn.complete = served = True
             self._waiting.pop(writer, None)
             self._idle.pop(writer, None)
-            response, close = await self._respond(request, h, client)
+            try:
+                response, close = await self._respond(request, h, client)
+            except Exception:  # a bug of gpumon's: this client gets a 500, the daemon serves on
+                log.exception("http: internal error answering %r", request.target[:200])
+                response, close = _text(500, "internal error (see gpumon's log)"), True
             data = self._encode(h, request, response, close)
             writer.write(data)
             await _drain(writer, self.timeout_s)
@@ -682,7 +689,7 @@ class WebServer:
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
         if path == "/api/v1/analysis" and routes.analysis is not None:
             query = request.target.decode("latin-1").partition("?")[2]
-            status, body, extra = await routes.analysis(query)
+            status, body, extra = await routes.analysis(query, client)
             return Response(status, body, "application/json", headers=extra), False
         if path in ("/healthz", "/-/healthy"):
             ok, why = routes.health()

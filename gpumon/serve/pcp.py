@@ -96,7 +96,7 @@ def render_rows(rows: list[Row]) -> bytes:
     out += [
         "# PCP5 gpu.state 144.1.3 string 144.1 instant none",
         "# HELP gpu_state gpumon's verdict as dstat's short code: "
-        "ok STcpu STio SThst stall sync under small idle ? lost -",
+        "ok STcpu STio SThst stall sync under small idle start mig ? lost -",
     ]
     out += [f"gpu_state{inst(r)} {r.code}" for r in rows]
     return ("\n".join(out) + "\n").encode()
