@@ -150,6 +150,9 @@ def test_check_config_refuses_a_file_that_is_not_text(
     assert code == 7 and needle in err and str(f) in err and "Traceback" not in err, err
 
 
+GOOD_HASH = "$2b$04$" + "a" * 53  # the shape of a bcrypt hash (its value is never checked here)
+
+
 @pytest.mark.parametrize(
     "web,needle",
     [
@@ -163,6 +166,11 @@ def test_check_config_refuses_a_file_that_is_not_text(
             "tls_server_config sets min_version but not cert_file",
         ),
         ("rate_limit:\n  interval: 1s\n", "unknown key 'rate_limit'"),
+        # a key given twice: YAML's loader kept the last, so an empty second users list turned
+        # basic auth off (found by a hostile-input pass)
+        (f"basic_auth_users:\n  alice: {GOOD_HASH}\nbasic_auth_users: {{}}\n", ":3: not valid YAML: key"),
+        (f"basic_auth_users:\n  alice: {GOOD_HASH}\n  alice: {GOOD_HASH}\n", "'alice' given twice"),
+        ("http_server_config:\n  http2: false\n  http2: false\n", "'http2' given twice"),
     ],
 )
 def test_check_config_refuses_a_bad_web_config(

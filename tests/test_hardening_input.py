@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from gpumon.analyze.truth import MAX_TRUTH_BYTES
 from gpumon.cli import main
 
 from .conftest import gpumon
@@ -190,6 +191,31 @@ def test_a_bad_truth_file_is_a_clear_error_before_the_work(
         truth.write_bytes(content)
     code, err = run_cli(capsys, "analyze", str(trace), "--truth", str(truth))
     assert code == 4 and str(truth) in one_line(err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "too-large"])
+def test_a_truth_file_that_is_not_one_is_refused_unread(
+    base_trace: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Every read bounded, only regular files opened: a FIFO once hung `analyze --truth` for good
+    and /dev/zero took 13 GB in 15 s (found by a hostile-input pass)."""
+    import os
+
+    trace = write(tmp_path, "t.jsonl", base_trace)
+    truth = tmp_path / "truth.jsonl"
+    if kind == "fifo":
+        os.mkfifo(truth)
+    elif kind == "dev-zero":
+        truth.symlink_to("/dev/zero")
+    elif kind == "directory":
+        truth.mkdir()
+    else:
+        with open(truth, "wb") as f:
+            f.truncate(MAX_TRUTH_BYTES + 1)  # sparse: no disk, and one line of zeros
+    code, err = run_cli(capsys, "analyze", str(trace), "--truth", str(truth))
+    line = one_line(err)
+    assert code == 4 and str(truth) in line
+    assert ("not a truth file" in line) and ("MiB" in line if kind == "too-large" else "regular" in line)
 
 
 def test_a_config_nested_too_deeply_is_a_config_error(

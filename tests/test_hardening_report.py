@@ -220,3 +220,29 @@ def test_basic_auth_from_the_flag_or_the_environment(
     with pytest.raises(SystemExit) as e:
         main(["report", "--job", "7", "--url", server.url, "--basic-auth", "nocolon"])
     assert e.value.code == 2 and "USER:PASSWORD" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://scraper:hunter2@[::1", "http://scraper:hunter2@[::1/x@y"]
+)
+def test_a_url_that_is_none_is_exit_9_naming_it_without_its_password(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """Once an internal error (ValueError: Invalid IPv6 URL) from showing the URL without its
+    password (found by a hostile-input pass)."""
+    code, _, err = report(capsys, "--url", url)
+    assert code == EXIT_UNREACHABLE and "not a URL" in err and "hunter2" not in err, err
+
+
+def test_credentials_that_are_not_utf8_are_sent_as_given(
+    server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment variable's bytes that are not UTF-8 (Python holds them as lone surrogates)
+    were an internal error; they are the credentials the user set."""
+    import os
+
+    server.body = state()
+    server.headers.clear()
+    monkeypatch.setenv("GPUMON_BASIC_AUTH", os.fsdecode(b"u:\xff"))
+    assert report(capsys, "--url", server.url)[0] == 0
+    assert server.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"u:\xff").decode()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gpumon.analyze.trace_report import Analysis
 from gpumon.core.errors import TraceError
+from gpumon.core.files import NotRegularFile, read_regular
 
 
 @dataclass
@@ -52,17 +53,22 @@ TruthWindow = tuple[float, float, str, str, int | None]
 `gpumon bench --truth` (with --gpus, one record per rank, on GPU = rank)."""
 
 
+MAX_TRUTH_BYTES = 16 << 20
+"""A bench run writes a record (~200 bytes) per phase and rank: 16 MiB is far beyond any."""
+
+
 def read_truth(truth_path: str) -> list[TruthWindow]:
     """The ground-truth file, checked whole before any analysis runs: a missing, binary or
     garbled file is one line naming the file and line (exit 4)."""
     windows = []
     try:
-        with open(truth_path, "rb") as f:
-            data = f.read()
-    except IsADirectoryError:
-        raise TraceError(truth_path, None, "a directory, not a truth file") from None
+        data = read_regular(truth_path, MAX_TRUTH_BYTES)  # (never a FIFO's wait, nor /dev/zero's all)
+    except NotRegularFile as e:
+        raise TraceError(truth_path, None, f"{e.strerror}, not a truth file") from None
     except OSError as e:
         raise TraceError(truth_path, None, f"cannot open: {e.strerror}") from None
+    if len(data) > MAX_TRUTH_BYTES:
+        raise TraceError(truth_path, None, f"larger than {MAX_TRUTH_BYTES >> 20} MiB: not a truth file")
     for n, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue

@@ -23,7 +23,10 @@ class FetchError(Exception):
 
 def redacted(url: str) -> str:
     """The URL as it may be shown: without a password."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # not a URL (`http://[::1`): whatever stands before an @ may be a password
+        return url.split("//", 1)[0] + "//***@" + url.rsplit("@", 1)[1] if "@" in url else url
     if parts.password is None and parts.username is None:
         return url
     host = parts.hostname or ""
@@ -36,8 +39,13 @@ def redacted(url: str) -> str:
 
 
 def basic_header(credentials: str) -> dict[str, str]:
-    """USER:PASSWORD -> the Authorization header."""
-    return {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+    """USER:PASSWORD -> the Authorization header. Bytes that are not UTF-8 (an environment
+    variable's, which Python holds as lone surrogates) are sent as they were given."""
+    try:
+        raw = credentials.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # (a surrogate no bytes stand behind: never from the environment)
+        raw = credentials.encode("utf-8", "replace")
+    return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
 
 
 def get(

@@ -170,6 +170,32 @@ def _not_regular(path: str | None) -> str | None:
     return None if stat.S_ISREG(mode) else kind_of(mode)
 
 
+def _strict_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping (it keeps the last): a second
+    `basic_auth_users: {}` after the users silently turned basic auth off. exporter-toolkit's
+    strict YAML refuses it too."""
+
+    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<:` merges another mapping in: its keys may be given again
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader says so itself
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                    )
+            return super().construct_mapping(node, deep)
+
+    return StrictLoader
+
+
 def load_web_config(path: str | None) -> WebConfig:
     """Read and check the whole file, TLS material included, so that a bad file fails at start
     (or at --check-config), naming the file and the key, never at the first client."""
@@ -193,7 +219,7 @@ def load_web_config(path: str | None) -> WebConfig:
     if "\0" in text:
         raise WebConfigError(f"{path}: a binary file, not a YAML web config file")
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_strict_loader(yaml))  # (a SafeLoader, strict)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
