@@ -175,7 +175,7 @@ def _strict_loader(yaml: Any) -> Any:
     `basic_auth_users: {}` after the users silently turned basic auth off. exporter-toolkit's
     strict YAML refuses it too."""
 
-    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:
