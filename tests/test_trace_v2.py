@@ -249,3 +249,27 @@ def test_a_version_3_field_not_in_the_header_table_is_read_by_its_full_name(tmp_
     path.write_bytes(_v2([{**HEADER, "version": 3, "names": names}, tick]))
     (read,) = read_trace(str(path)).ticks
     assert read.t_s == 1.0 and read.gpus[0].util_ratio == 0.5
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_a_tick_that_comes_as_the_file_closes_is_dropped_not_written_after_the_end(
+    tmp_path: Path, version: int
+) -> None:
+    """`record` closes its file on SIGTERM while the sampling thread may still be taking a tick: at
+    full speed the last line was often a tick after the end record, or the end record counted one
+    tick fewer than were written (found by a hostile-input pass). The end record is now written at
+    the last tick written, and a tick after it is dropped."""
+    from gpumon.core.model import Tick
+    from gpumon.trace.records import make_header
+    from gpumon.trace.writer import open_writer
+
+    path = tmp_path / ("t.jsonl" if version == 1 else "t.jsonl.gz")
+    w = open_writer(str(path), make_header({"kind": "simulated"}, 1.0), version)
+    for t in (1.0, 2.0, 3.0):
+        w.write_tick(Tick(t, (), None))
+    w.finish("interrupted")
+    w.write_tick(Tick(4.0, (), None))  # the sampling thread's tick, after the stop
+    w.finish("interrupted")  # (a second close changes nothing)
+    trace = read_trace(str(path))
+    assert [t.t_s for t in trace.ticks] == [1.0, 2.0, 3.0] and not trace.warnings
+    assert trace.end is not None and trace.end["ticks"] == 3 and trace.end["t_s"] == 3.0

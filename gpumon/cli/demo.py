@@ -114,7 +114,7 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
             job.terminate()
             job.wait(30)
         daemon.stop()
-        writer.close(daemon.sampler.last_tick.t_s if daemon.sampler.last_tick else None, "duration")
+        writer.finish("duration")
     from gpumon.analyze.trace_report import analyze, render_text
     from gpumon.analyze.truth import compare_truth
 

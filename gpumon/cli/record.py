@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             reason = "replay-ended"
     finally:
         last = pipeline.sampler.last_tick
-        writer.close(last.t_s if last else None, reason)
+        writer.finish(reason)  # at the last tick written: one still being taken is dropped
         pipeline.close()
     gpus = last.gpus if last else ()
     print(

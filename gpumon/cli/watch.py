@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         last = pipeline.sampler.last_tick
         if writer is not None:
-            writer.close(last.t_s if last else None, reason)
+            writer.finish(reason)  # at the last tick written: one still being taken is dropped
         pipeline.close()
     end = last.t_s if last else 0.0
     for key, det in sorted(pipeline.detector.fleet.gpus.items()):

@@ -5,6 +5,7 @@ moment leaves every earlier record readable."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from gpumon.core.errors import OutputError
@@ -27,6 +28,12 @@ class TraceWriter:
     ) -> None:
         self.path = path
         self.ticks = 0
+        self.last_t_s: float | None = None
+        """The last tick written's t_s (version 1 writes the caller's clock)."""
+        self._gate = threading.Lock()
+        """Held by a tick's write and by close: a tick from a sampling thread still running as the
+        file closes is dropped, never written after the end record."""
+        self._closed = False
         self._out = DurableFile(path, force=force, fsync_every_s=fsync_every_s)
         self._write({**header, "version": 1})
 
@@ -42,12 +49,28 @@ class TraceWriter:
             raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
 
     def write_tick(self, tick: Tick) -> None:
-        self._write(tick_to_dict(tick))
-        self.ticks += 1
+        with self._gate:
+            if self._closed:
+                return
+            self._write(tick_to_dict(tick))
+            self.ticks += 1
+            self.last_t_s = tick.t_s
 
     def close(self, t_s: float | None, reason: str | None) -> None:
         """Write the end record (none when `reason` is None) and close. After a failed write, only
         release the file: the error the user sees is that first one (exit 5), not a second from here."""
+        with self._gate:
+            self._close(t_s, reason)
+
+    def finish(self, reason: str) -> None:
+        """Close with the end record at the last tick written (a tick still being taken is not)."""
+        with self._gate:
+            self._close(self.last_t_s, reason)
+
+    def _close(self, t_s: float | None, reason: str | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
         end = b""
         if reason is not None and not self._out.failed:
             end = _line({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
@@ -82,6 +105,9 @@ class TraceWriterV2:
         self._sync_every_s = sync_every_s
         self._synced_t_s: float | None = None
         """The file's time of the last tick handed to the OS (None: none written yet)."""
+        self._gate = threading.Lock()
+        """As TraceWriter's: no tick is written after the end record."""
+        self._closed = False
         self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
         if version not in (2, 3):
             raise ValueError(f"TraceWriterV2 writes versions 2 and 3, not {version}")
@@ -108,6 +134,11 @@ class TraceWriterV2:
         return OutputError(f"{e}; the {self.ticks} ticks before are kept")
 
     def write_tick(self, tick: Tick) -> None:
+        with self._gate:
+            if not self._closed:
+                self._write_tick(tick)
+
+    def _write_tick(self, tick: Tick) -> None:
         t_s = round(tick.t_s - self._origin, 6)
         if self._synced_t_s is None:
             self._synced_t_s = t_s - self._sync_every_s  # the first tick goes at once
@@ -132,6 +163,18 @@ class TraceWriterV2:
 
     def close(self, t_s: float | None, reason: str | None) -> None:
         """`t_s` on the file's own clock (`last_t_s`); no end record when `reason` is None."""
+        with self._gate:
+            self._close(t_s, reason)
+
+    def finish(self, reason: str) -> None:
+        """Close with the end record at the last tick written (a tick still being taken is not)."""
+        with self._gate:
+            self._close(self.last_t_s, reason)
+
+    def _close(self, t_s: float | None, reason: str | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
             if not self._out.failed and reason is not None:
                 self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
