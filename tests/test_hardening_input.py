@@ -373,3 +373,25 @@ def test_fuzzed_config_files_exit_0_or_7_with_the_file_named(
     assert code in (0, 7), err
     if code == 7:
         assert "\n" not in err.strip() and (str(f) in err or "GPUMON" in err or "web" in err), err
+
+
+def test_names_from_a_trace_reach_the_terminal_without_their_escapes(
+    base_trace: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU name or uuid in a trace is data from elsewhere: printed raw, `\\x1b[2J` cleared the
+    reader's screen (found by a hostile-input pass; `report` already replaced them)."""
+    import json
+
+    lines = []
+    for line in base_trace:
+        rec = json.loads(line)
+        for g in rec.get("gpus", []):
+            g["name"] = "H100 \x1b[31mEVIL\x1b[2J\x07"
+            g["uuid"] = "GPU-\x1b]0;title\x07"
+        lines.append(json.dumps(rec))
+    trace = write(tmp_path, "esc.jsonl", lines)
+    for args in (["analyze", str(trace)], ["devices", "--replay", str(trace)]):
+        code = main(args)
+        out = capsys.readouterr().out
+        assert code == 0 and "EVIL" in out, (args, out[-300:])
+        assert "\x1b" not in out and "\x07" not in out, args

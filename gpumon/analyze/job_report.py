@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 import urllib.parse
 from collections import defaultdict
@@ -34,6 +33,7 @@ from gpumon.analyze.job_fix import gpu_fix_line, job_fix_lines, straggler_histor
 from gpumon.analyze.trace_report import SUGGESTIONS
 from gpumon.core import fetch
 from gpumon.core.errors import EXIT_UNREACHABLE, GpumonError
+from gpumon.core.terminal import printable
 from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.vocabulary import main_label
 
@@ -48,12 +48,6 @@ PROMETHEUS_DEADLINE_S = 30.0
 """Each request's whole answer must come within this (a server that trickles is cut off)."""
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """A day of a job on 8 GPUs at 15 s steps is about 15 MB of Prometheus JSON; a state, tens of KB."""
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """Text from a server as it may reach a terminal: control characters (escapes) as '?'."""
-    return _CONTROL.sub("?", text)
 
 
 class ReportError(GpumonError):

@@ -9,6 +9,7 @@ import sys
 
 from gpumon.cli import flags
 from gpumon.core.errors import EXIT_OK, UsageError
+from gpumon.core.terminal import printable
 
 
 def add_parser(
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=1)
         print()
     else:
-        print(render_text(result))
+        print(printable(render_text(result)))  # names and jobs from the trace: no terminal escapes
         if truth is not None:
             print(truth.render(args.truth))
         if args.plot:

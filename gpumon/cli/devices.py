@@ -11,6 +11,7 @@ from gpumon.collect.pipeline import Pipeline
 from gpumon.core.clock import MonotonicClock
 from gpumon.core.errors import EXIT_OK
 from gpumon.core.model import GpuSample, clock_reasons
+from gpumon.core.terminal import printable
 
 
 def add_parser(
@@ -58,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     for g in gpus:
         gpu = str(g.index) if g.mig is None else f"{g.index}/{g.mig}"  # GPU/MIG instance
         if not g.available:
-            print(f"{gpu:>5}  {g.name or '?':<36} {g.uuid or '?':<40} unavailable: {g.error}")
+            name, uuid, error = printable(g.name or "?"), printable(g.uuid or "?"), printable(g.error or "")
+            print(f"{gpu:>5}  {name:<36} {uuid:<40} unavailable: {error}")
             continue
         mem = f"{_gib(g.mem_used_bytes)} / {_gib(g.mem_total_bytes)} GiB"
-        print(f"{gpu:>5}  {g.name:<36} {g.uuid:<40} {mem:>19} {_util(g):>5} {_sm(g):>5}")
+        name, uuid = printable(g.name), printable(g.uuid)  # (a replay's, or a driver's: no escapes)
+        print(f"{gpu:>5}  {name:<36} {uuid:<40} {mem:>19} {_util(g):>5} {_sm(g):>5}")
     if description.simulated_gpus:
         print(f"({description.phrase()})")
     return EXIT_OK

@@ -10,6 +10,7 @@ from gpumon.collect.pipeline import Pipeline
 from gpumon.core.clock import SinceStart
 from gpumon.core.errors import EXIT_INTERRUPTED, EXIT_OK
 from gpumon.core.model import Tick
+from gpumon.core.terminal import printable
 from gpumon.detect.tracker import Verdict
 
 _COLORS = {
@@ -113,6 +114,7 @@ def _show(tick: Tick, verdicts: list[Verdict], color: bool) -> None:
         if color:
             text = f"\033[{_COLORS.get(v.state, '0')}m{text}\033[0m"
         jobs = " ".join(f"job {j.job_id}" + (f" ({j.user})" if j.user else "") for j in g.jobs) if g else ""
+        jobs = printable(jobs)  # from job files and schedulers: no terminal escapes
         gpu = str(v.index) if g is None or g.mig is None else f"{v.index}/{g.mig}"  # GPU/MIG instance
         if util == "-" and g is not None and g.gpm is not None and g.gpm.graphics_ratio is not None:
             util = f"{g.gpm.graphics_ratio:.0%}"  # a MIG instance: GPM's activity
