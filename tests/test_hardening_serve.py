@@ -150,3 +150,93 @@ def test_against_endless_new_addresses_a_scraper_is_turned_away_once_at_most() -
     got, retry = asyncio.run(scenario())
     auth.close()
     assert got is True or retry is True, (got, retry)
+
+
+def test_a_flood_of_wrong_passwords_gets_bcrypt_only_within_its_cpu_budget() -> None:
+    """bcrypt's CPU is charged to a bucket: while it is empty, checks wait for the refill rather
+    than run (two bcrypt threads at the default priority took 1.5 cores of a GPU node from its
+    training job under a flood of wrong passwords: found by a hostile-input pass). A scraper's
+    known credentials cost nothing whatever the bucket holds."""
+    from gpumon.serve import http as http_mod
+
+    clock = [1000.0]
+    auth = http_mod.Authenticator(
+        {"prometheus": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4))}, monotonic=lambda: clock[0]
+    )
+    ran: list[bytes] = []
+
+    def costly(user: str, password: bytes) -> tuple[bool, float]:
+        ran.append(password)
+        return password == b"s3cret", 0.5  # each check "took" half a CPU-second
+
+    auth._timed_bcrypt = costly  # type: ignore[method-assign]
+
+    def header(password: bytes) -> str:
+        return "Basic " + base64.b64encode(b"prometheus:" + password).decode()
+
+    async def settled() -> None:
+        """Until no check runs on the bcrypt thread (what is left waits for the bucket)."""
+        for _ in range(2000):
+            await asyncio.sleep(0.005)
+            if auth._running == 0:
+                return
+
+    async def scenario() -> tuple[int, int, bool | None]:
+        assert await auth.check(header(b"s3cret"), "192.0.2.1") is True  # checked once, remembered
+        flood = [
+            asyncio.ensure_future(auth.check(header(f"wrong{i}".encode()), f"10.0.0.{i}")) for i in range(10)
+        ]
+        await settled()
+        while_spent = len(ran)
+        known = await auth.check(header(b"s3cret"), "192.0.2.1")  # no bcrypt: answered at once
+        clock[0] += 10.0  # 1 CPU-second refilled at 10% of a core
+        auth._dispatch()
+        await settled()
+        after_refill = len(ran)
+        auth.close()
+        await asyncio.gather(*flood)
+        return while_spent, after_refill, known
+
+    while_spent, after_refill, known = asyncio.run(scenario())
+    burst = int(http_mod.BCRYPT_BURST_CPU_S / 0.5)
+    assert while_spent == burst, "the burst's worth of checks, then they wait"
+    assert after_refill == while_spent + 2, "a refill's worth more"
+    assert known is True
+
+
+def test_a_scraper_flooded_from_its_own_address_is_checked_on_its_retry() -> None:
+    """The flood holds the address's two pending places while the budget makes each check wait;
+    credentials turned away once pass that limit (and come first), so a scraper on the flooding
+    host is answered on its retry (it was turned away on every try: measured against a real
+    daemon, 20 flooding threads and a scraper on one host)."""
+    from gpumon.serve import http as http_mod
+
+    clock = [1000.0]
+    auth = http_mod.Authenticator(
+        {"prometheus": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4))}, monotonic=lambda: clock[0]
+    )
+
+    def costly(user: str, password: bytes) -> tuple[bool, float]:
+        return password == b"s3cret", 0.5
+
+    auth._timed_bcrypt = costly  # type: ignore[method-assign]
+
+    def header(password: bytes) -> str:
+        return "Basic " + base64.b64encode(b"prometheus:" + password).decode()
+
+    async def scenario() -> tuple[bool | None, bool | None]:
+        auth.budget.charge(5.0, clock[0])  # spent by the flood so far
+        flood = [asyncio.ensure_future(auth.check(header(f"w{i}".encode()), "10.0.0.1")) for i in range(2)]
+        await asyncio.sleep(0)  # the flood's two places taken, waiting for the refill
+        first = await auth.check(header(b"s3cret"), "10.0.0.1")  # the same address: no place left
+        retry = asyncio.ensure_future(auth.check(header(b"s3cret"), "10.0.0.1"))
+        await asyncio.sleep(0)
+        clock[0] += 60.0  # the bucket refills: the retry goes first
+        auth._dispatch()
+        got = await asyncio.wait_for(retry, 10)
+        auth.close()
+        await asyncio.gather(*flood)
+        return first, got
+
+    first, got = asyncio.run(scenario())
+    assert first is None and got is True

@@ -16,9 +16,10 @@ One asyncio event loop on its own thread serves every connection; requests are p
   not in the event loop.
 - Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
   connection closed, so a body can never be read as a next request.
-- bcrypt runs on two worker threads, never on the event loop; each client address may have two
-  checks pending and the queue is bounded, so a flood of wrong passwords cannot starve scrapers
-  (whose credentials, once checked, are remembered by their SHA-256 and cost nothing).
+- bcrypt runs on one worker thread at nice 19 within a CPU budget, never on the event loop; each
+  client address may have two checks pending and the queue is bounded, so a flood of wrong
+  passwords cannot starve scrapers (whose credentials, once checked, are remembered by their
+  SHA-256 and cost nothing) nor take more than a tenth of a core.
 
 Each response is written in one piece with TCP_NODELAY, so a keep-alive client never waits on a
 delayed ACK. Requests only read the latest snapshot (rendered once per snapshot), so scrapes
@@ -48,6 +49,7 @@ from typing import Any
 import h11
 
 from gpumon.core.threads import named_thread
+from gpumon.serve.cpu_budget import CpuBudget
 from gpumon.serve.webconfig import WebConfig, WebConfigError
 
 log = logging.getLogger("gpumon.serve.http")
@@ -65,7 +67,14 @@ as many at once: a crowd that reconnects as soon as it is closed then waits in t
 backlog, at no cost to the daemon, instead of keeping its event loop busy a core's worth (the
 connections already served are answered between its passes)."""
 GZIP_MIN_BYTES = 1024
-BCRYPT_THREADS = 2
+BCRYPT_THREADS = 1
+"""One: a flood of wrong passwords then takes at most one core, at nice 19 (two took 1.5 cores of a
+GPU node at the default priority, from the training job's loaders)."""
+BCRYPT_CPU_SHARE = 0.1
+"""bcrypt's CPU, averaged, in a bucket of BCRYPT_BURST_CPU_S (gpumon.serve.cpu_budget): a check
+waits while the bucket is empty. ~2 checks a second at cost 10: a real client checks once (its
+credentials are remembered), so only a flood ever waits."""
+BCRYPT_BURST_CPU_S = 1.0
 BCRYPT_PENDING_PER_CLIENT = 2
 BCRYPT_QUEUE = 32
 BAD_CREDENTIALS_REMEMBERED = 4096
@@ -137,7 +146,8 @@ class Authenticator:
     - Checked credentials are remembered by SHA-256: good ones (a scraper sends the same every few
       seconds; kept across a reload while the user's hash is unchanged) and a bounded number of bad
       ones (a flood repeating itself).
-    - bcrypt runs on BCRYPT_THREADS threads, never on the event loop. Checks wait in a queue of
+    - bcrypt runs on BCRYPT_THREADS threads at nice 19, never on the event loop, and only while
+      its CPU budget (BCRYPT_CPU_SHARE) holds some: checks wait for the refill. Checks wait in a queue of
       BCRYPT_QUEUE, at most BCRYPT_PENDING_PER_CLIENT per client address, and are served fairly:
       first credentials already turned away once (a scraper retrying), then the client heard from
       longest ago (one never heard from first; the newest such first), so a client that asks every
@@ -148,8 +158,21 @@ class Authenticator:
       shut a real client out. The same credentials arriving while their check runs share its answer.
     """
 
-    def __init__(self, users: Mapping[str, bytes], previous: Authenticator | None = None) -> None:
+    def __init__(
+        self,
+        users: Mapping[str, bytes],
+        previous: Authenticator | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._users = dict(users)
+        self._monotonic = monotonic
+        self.budget: CpuBudget = (
+            previous.budget  # a reload must not hand a flood a full bucket
+            if previous is not None
+            else CpuBudget(BCRYPT_CPU_SHARE, BCRYPT_BURST_CPU_S, now=monotonic())
+        )
+        self._refill: asyncio.TimerHandle | None = None
+        """A dispatch waiting for the bucket to refill."""
         self._good: dict[bytes, str] = {}
         """SHA-256 of good credentials -> their user."""
         if previous is not None:  # a reload: credentials checked against the same hash stay good
@@ -230,7 +253,11 @@ class Authenticator:
         self._seen.move_to_end(client)
         while len(self._seen) > BAD_CREDENTIALS_REMEMBERED:
             self._seen.popitem(last=False)
-        if self._pending[client] >= BCRYPT_PENDING_PER_CLIENT or not self._admit(key, prior):
+        # credentials turned away once (a scraper retrying) pass the address's limit: a flood from
+        # the scraper's own address (one host) would otherwise hold its two places for good while
+        # the budget makes each check wait
+        crowded = self._pending[client] >= BCRYPT_PENDING_PER_CLIENT and key not in self._turned_away
+        if crowded or not self._admit(key, prior):
             self._turned_away[key] = None
             while len(self._turned_away) > BAD_CREDENTIALS_REMEMBERED:
                 self._turned_away.popitem(last=False)
@@ -264,17 +291,39 @@ class Authenticator:
 
     def _dispatch(self) -> None:
         while self._running < BCRYPT_THREADS and self._waiting:
+            now = self._monotonic()
+            if not self.budget.allows(now):  # the checks wait (bounded: BCRYPT_QUEUE) for the refill
+                if self._refill is None:
+                    wait = self.budget.retry_after_s(now)
+                    self._refill = asyncio.get_running_loop().call_later(wait, self._refilled)
+                return
             job = min(self._waiting, key=lambda c: self._order(c.key, c.prior, c.seq))
             self._waiting.remove(job)
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(BCRYPT_THREADS, thread_name_prefix="gpumon-bcrypt")
+                self._pool = ThreadPoolExecutor(
+                    BCRYPT_THREADS, thread_name_prefix="gpumon-bcrypt", initializer=_lowest_priority
+                )
             self._running += 1
-            done = asyncio.get_running_loop().run_in_executor(self._pool, self._bcrypt, *job.creds)
+            done = asyncio.get_running_loop().run_in_executor(self._pool, self._timed_bcrypt, *job.creds)
             done.add_done_callback(functools.partial(self._checked, job))
 
-    def _checked(self, job: _Check, f: asyncio.Future[bool]) -> None:
+    def _refilled(self) -> None:
+        self._refill = None
+        if not self._pool_closed:
+            self._dispatch()
+
+    def _timed_bcrypt(self, user: str, password: bytes) -> tuple[bool, float]:
+        """On the bcrypt thread: the verdict, and the thread's CPU it took."""
+        start = time.thread_time()
+        ok = self._bcrypt(user, password)
+        return ok, time.thread_time() - start
+
+    def _checked(self, job: _Check, f: asyncio.Future[tuple[bool, float]]) -> None:
         self._running -= 1
-        ok = False if f.cancelled() or f.exception() is not None else bool(f.result())
+        ok = False
+        if not f.cancelled() and f.exception() is None:
+            ok, cpu_s = f.result()
+            self.budget.charge(cpu_s, self._monotonic())
         user = job.creds[0]
         if ok:
             self._good[job.key] = user
@@ -315,12 +364,24 @@ class Authenticator:
     def close(self) -> None:
         """No more checks start; those waiting are turned away."""
         self._pool_closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
         for job in self._waiting:
             if not job.future.done():
                 job.future.set_result(None)
         self._waiting.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lowest_priority() -> None:
+    """The bcrypt thread at nice 19 (Linux: a thread's nice is its own): a flood's checks yield to
+    the training job, the sampler and the scrapes."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
 
 
 class _Conn:
