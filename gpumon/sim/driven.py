@@ -23,6 +23,12 @@ replaces its begin line; a begin line never ended counts as busy until the next 
 Other lines starting with # (e.g. "# switch T") are notes for people and benchmarks. GPUs appear
 as ranks do (the driver's GPU count grows), so the recorder may start before the job.
 
+The file is read as any file a user names: only a regular file (a FIFO would block the sampler,
+/dev/zero never ends), opened without waiting, MAX_READ_BYTES at most per read, a line at most
+MAX_LINE_BYTES long. A line that is not UTF-8, too long, or does not parse is skipped (counted,
+said once), and the next one is read. A file replaced by another one (or cut shorter) is read
+from its start.
+
 time.monotonic() is the same CLOCK_MONOTONIC in every process on Linux, so the daemon can place
 the steps on its own clock. Each GPU reports its rank's PID as its compute process, and the host
 side is read for real (psutil), so the detector sees the job's actual CPU and its real data-loader
@@ -32,16 +38,23 @@ workers, on a machine without a GPU. Everything that shows it says "simulated".
 from __future__ import annotations
 
 import bisect
+import logging
+import math
 import os
 import re
 import time
+from collections import Counter
 
 from gpumon.core.clock import Clock
+from gpumon.core.files import NotRegularFile, open_regular
+from gpumon.core.problems import Problems
 from gpumon.sim.fleet import Fleet, GpuModel, SimGpu
 from gpumon.sim.scenarios import SCENARIOS, Phase, Scenario
 
-HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=(\d+)(?: rank=(\d+))?")
-RANKS = re.compile(r"#\s*gpumon-drive v2 ranks=(\d+)")
+log = logging.getLogger("gpumon.drive")
+
+HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=([0-9]+)(?: rank=([0-9]+))?")
+RANKS = re.compile(r"#\s*gpumon-drive v2 ranks=([0-9]+)")
 DRIVEN_MODEL = GpuModel(name="Keras bench GPU (simulated)")
 _JOB = Phase(stepped=True, mem_used_ratio=0.3)
 _NO_JOB = Phase(has_job=False, stepped=True, mem_used_ratio=0.006)
@@ -49,6 +62,12 @@ SPIN_POWER_RATIO = 0.15
 """Power, as a share of the limit, while kernels spin in a collective: near idle (NCCL's wait
 kernels keep the GPU "utilized" but draw little)."""
 MAX_RANKS = 64
+MAX_PID = 1 << 22
+"""Linux's PID_MAX_LIMIT: a larger pid is no process (and os.kill cannot take a huge one)."""
+MAX_LINE_BYTES = 4096
+"""A drive line is under 100 bytes: a longer one is dropped (up to its newline), never buffered."""
+MAX_READ_BYTES = 1 << 20
+"""Read at most this much of the file per refresh: a backlog is taken in over the next ones."""
 
 
 class DrivenGpu(SimGpu):
@@ -138,13 +157,22 @@ class DrivenGpu(SimGpu):
 class DrivenFleet(Fleet):
     """The GPUs of the job writing `path`: GPU 0 from the start, one more per rank that appears."""
 
-    def __init__(self, path: str, clock: Clock, sample_period_s: float) -> None:
+    def __init__(
+        self, path: str, clock: Clock, sample_period_s: float, problems: Problems | None = None
+    ) -> None:
 
         super().__init__([SCENARIOS["idle"]], 1, 0, clock, sample_period_s)
         self.path = path
+        self.problems = problems if problems is not None else Problems(log)
         self._t0_mono = time.monotonic()  # monotonic time of the fleet's sim time 0
         self._offset = 0
-        self._partial = ""
+        self._file_id: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the file read up to `_offset`: another file is read from its start."""
+        self._partial = b""
+        self._dropping = False
+        """In a line longer than MAX_LINE_BYTES: what comes up to its newline is dropped."""
+        self.skipped: Counter[str] = Counter()
+        """Lines skipped, by why (each reason said once)."""
         self._driven: list[DrivenGpu] = [DrivenGpu(0, self, sample_period_s)]
         self.scenario_names = ["driven"]
 
@@ -167,48 +195,126 @@ class DrivenFleet(Fleet):
 
     def refresh(self) -> None:
         """Take in what the job wrote since the last read (a whole line at a time)."""
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-                self._offset = f.tell()
-        except FileNotFoundError:
-            return
+        chunk = self._read()
         if not chunk:
             return
-        lines = (self._partial + chunk).split("\n")
-        self._partial = lines.pop()  # an unfinished last line waits for the next read
-        for line in lines:
-            m = RANKS.match(line)
-            if m:  # a data-parallel job is starting: its GPUs exist before its ranks run on them
-                self._rank(min(int(m.group(1)), MAX_RANKS) - 1)
-                continue
-            m = HEADER.match(line)
-            if m:
-                gpu = self._rank(int(m.group(3) or 0))
-                if gpu is not None:
-                    gpu.pid = int(m.group(2))
-                continue
-            parts = line.split()
-            if not 2 <= len(parts) <= 4 or line.startswith("#"):
+        lines = chunk.split(b"\n")
+        rest = lines.pop()  # an unfinished last line waits for the next read
+        for i, raw in enumerate(lines):
+            if i == 0:
+                if self._dropping:  # the end of a line too long to keep
+                    self._dropping = False
+                    continue
+                raw = self._partial + raw
+                self._partial = b""
+            if len(raw) > MAX_LINE_BYTES:
+                self._skip(f"longer than {MAX_LINE_BYTES} bytes")
                 continue
             try:
-                start = float(parts[0]) - self._t0_mono
-                end = None if parts[1] == "-" else float(parts[1]) - self._t0_mono
-                rank = int(parts[2]) if len(parts) > 2 else 0
-            except ValueError:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self._skip("not UTF-8 text")
                 continue
+            if not self._take(line):
+                self._skip("not a drive line")
+        if self._dropping:  # no newline yet: still in the line too long to keep
+            return
+        self._partial += rest
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._skip(f"longer than {MAX_LINE_BYTES} bytes")
+            self._partial = b""
+            self._dropping = True
+
+    def _read(self) -> bytes:
+        """At most MAX_READ_BYTES of the file past what was read; b"" when there is none (no file
+        yet, or something other than a regular file: said once, until it is one again)."""
+        try:
+            f = open_regular(self.path)
+        except FileNotFoundError:
+            return b""  # the job has not started yet (or its file is being replaced)
+        except NotRegularFile as e:
+            self.problems.note(
+                "drive:file", f"drive: {self.path} is not read: not a regular file (a {e.kind})"
+            )
+            return b""
+        except OSError as e:
+            self.problems.note("drive:file", f"drive: cannot read {self.path}: {e.strerror}")
+            return b""
+        try:
+            with f:
+                st = os.fstat(f.fileno())
+                file_id = (st.st_dev, st.st_ino)
+                if file_id != self._file_id or st.st_size < self._offset:
+                    # another file under the name, or this one cut shorter: read it from its start
+                    self._file_id = file_id
+                    self._offset = 0
+                    self._partial = b""
+                    self._dropping = False
+                f.seek(self._offset)
+                chunk = f.read(MAX_READ_BYTES)
+        except OSError as e:
+            self.problems.note("drive:file", f"drive: cannot read {self.path}: {e.strerror}")
+            return b""
+        self.problems.clear("drive:file")
+        self._offset += len(chunk)
+        return chunk
+
+    def _skip(self, why: str) -> None:
+        if not self.skipped[why]:
+            log.warning("drive: %s: a line skipped (%s); later ones are counted, not logged", self.path, why)
+        self.skipped[why] += 1
+
+    def _take(self, line: str) -> bool:
+        """One line of the file taken in; False when it is not a drive line (comments are)."""
+        m = RANKS.match(line)
+        if m:  # a data-parallel job is starting: its GPUs exist before its ranks run on them
+            ranks = _small_int(m.group(1))
+            if ranks is None:
+                return False
+            self._rank(min(ranks, MAX_RANKS) - 1)
+            return True
+        m = HEADER.match(line)
+        if m:
+            pid, rank = _small_int(m.group(2)), _small_int(m.group(3) or "0")
+            if pid is None or rank is None or pid >= MAX_PID:
+                return False
             gpu = self._rank(rank)
-            if gpu is None:
-                continue
-            sync = len(parts) == 4 and parts[3] == "sync"
-            if end is None:
-                gpu.begin(start, sync)
-            else:
-                gpu.add(start, end, sync)
+            if gpu is not None:
+                gpu.pid = pid
+            return True
+        if line.startswith("#") or not line.strip():
+            return True  # a note for people
+        parts = line.split()
+        if not 2 <= len(parts) <= 4:
+            return False
+        try:
+            start = float(parts[0]) - self._t0_mono
+            end = None if parts[1] == "-" else float(parts[1]) - self._t0_mono
+            rank = int(parts[2]) if len(parts) > 2 else 0
+        except ValueError:
+            return False
+        if not math.isfinite(start) or (end is not None and not math.isfinite(end)):
+            return False  # inf or nan: a step that never ends (or never was)
+        gpu = self._rank(rank)
+        if gpu is None:
+            return True  # a rank over the limit: skipped, as documented
+        sync = len(parts) == 4 and parts[3] == "sync"
+        if end is None:
+            gpu.begin(start, sync)
+        else:
+            gpu.add(start, end, sync)
+        return True
 
 
-def driven_fleet(path: str, clock: Clock, sample_period_s: float = 1 / 6) -> Fleet:
+def _small_int(digits: str) -> int | None:
+    """ASCII digits as a number that fits a pid or a rank; None for a longer run of them."""
+    return int(digits) if len(digits) <= 12 else None
+
+
+def driven_fleet(
+    path: str, clock: Clock, sample_period_s: float = 1 / 6, problems: Problems | None = None
+) -> Fleet:
     """The GPUs driven by the job writing `path`. Real time only: the job's steps are stamped with
-    time.monotonic(), which is anchored here to the fleet's time 0."""
-    return DrivenFleet(path, clock, sample_period_s)
+    time.monotonic(), which is anchored here to the fleet's time 0. A file that cannot be read is
+    said in `problems` (once, until it can be)."""
+    return DrivenFleet(path, clock, sample_period_s, problems)

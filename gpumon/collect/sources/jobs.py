@@ -52,17 +52,19 @@ log = logging.getLogger("gpumon.jobs")
 
 DEFAULT_JOBS_DIR = "/run/gpumon/jobs"
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
-_FILE = re.compile(r"^gpu(\d+)(\.mig\d+)?\.job([0-9A-Za-z_.+-]+)$")
+_FILE = re.compile(r"^gpu([0-9]+)(\.mig[0-9]+)?\.job([0-9A-Za-z_.+-]+)$")
 """gpu<INDEX>.job<JOBID>, or gpu<PARENT>.mig<N>.job<JOBID> for a MIG instance (named by its UUID)."""
-_V2 = re.compile(r"^/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(\d+)(?:/step_([0-9a-z_]+))?(?:/|$)")
+_V2 = re.compile(r"^/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/step_([0-9a-z_]+))?(?:/|$)")
 """cgroup v2: slurmstepd's own scope (`<nodename>_slurmstepd.scope` with several slurmds)."""
 _POD = re.compile(
     r"kubepods[^:]*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
 _CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
-_V1 = re.compile(r"^/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)(?:/step_([0-9a-z_]+))?(?:/|$)")
+_V1 = re.compile(r"^/slurm(?:_[^/]+)?/uid_([0-9]{1,10})/job_([0-9]+)(?:/step_([0-9a-z_]+))?(?:/|$)")
 """cgroup v1: Slurm's hierarchy at the root of a controller (`/slurm_<nodename>` with several)."""
 MAX_FILE_BYTES = 4096
+MAX_INDEX_DIGITS = 6
+"""A GPU index is a few ASCII digits: a longer name is no GPU's."""
 MAX_FILES = 4096
 """Job files kept from one directory: a node runs a few jobs per GPU at most."""
 MAX_READS_PER_TICK = 64
@@ -121,9 +123,12 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
         if not 0 < started < 1e11:  # NaN and infinities too: they would reach the state API's JSON
             raise ValueError(f"written_unix_s is not a time: {values['written_unix_s'][:30]!r}")
     uid_text = values.get("uid", "")
-    uid = int(uid_text) if uid_text.isdigit() and len(uid_text) < 11 else None
+    uid = _number(uid_text, 10)
     ref = JobRef(values.get("scheduler") or "slurm", shown, values.get("user") or None, None, "prolog")
-    return MappedJob(int(gpu_index), uuid, ref._replace(started_unix_s=started), job, uid)
+    index = _number(gpu_index, MAX_INDEX_DIGITS)
+    if index is None:
+        raise ValueError("its GPU index is not a GPU's")
+    return MappedJob(index, uuid, ref._replace(started_unix_s=started), job, uid)
 
 
 def parse_pod_cgroup(text: str) -> tuple[str, str | None] | None:
@@ -180,7 +185,9 @@ class JobSource:
     """Files skipped as bad now (the first LOGGED_FILES are logged by name)."""
     _raw_ids: dict[JobRef, str] = field(default_factory=dict)
     """A mapped job as shown (an array task as 70_7) -> Slurm's own id of it (77)."""
-    _dcgm: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    _dcgm: dict[str, tuple[tuple[int, int], tuple[str, ...] | None]] = field(default_factory=dict)
+    """A dcgm mapping file's name -> ((mtime, ctime), the job ids it names, or None: a bad file)."""
+    _dcgm_bad: set[str] = field(default_factory=set)
     _pid_jobs: dict[int, JobRef | None] = field(default_factory=dict)
     _users: dict[int, str | None] = field(default_factory=dict)
     status: tuple[AttributionStatus, ...] = ()
@@ -210,9 +217,13 @@ class JobSource:
             for d in view.devices:
                 kind, value = device_key(d.device_id)
                 ref = pod_ref(d)
-                target = (
-                    by_uuid.setdefault(value, []) if kind == "uuid" else by_index.setdefault(int(value), [])
-                )
+                if kind == "uuid":
+                    target = by_uuid.setdefault(value, [])
+                else:
+                    index = _number(value, MAX_INDEX_DIGITS)
+                    if index is None:
+                        continue  # not a GPU index (e.g. "²", a digit to str.isdigit, not to int)
+                    target = by_index.setdefault(index, [])
                 if ref not in target:
                     target.append(ref)
             statuses.append(AttributionStatus("kubernetes", view.up, view.reason))
@@ -429,33 +440,73 @@ class JobSource:
     # -- dcgm-exporter's layout --------------------------------------------------------------------
 
     def _read_dcgm_dir(self, by_index: dict[int, list[JobRef]]) -> tuple[bool, str | None]:
+        """Files named by GPU index (ASCII digits only), one job id per line: each read on its
+        own (a bad one is skipped, said until it is good or gone), regular files only, never
+        through a symlink, MAX_FILE_BYTES at most, at most MAX_READS_PER_TICK per tick."""
         assert self.dcgm_dir is not None
         try:
-            entries = [e for e in os.scandir(self.dcgm_dir) if e.name.isdigit()]
+            with os.scandir(self.dcgm_dir) as it:
+                entries = [(e, i) for e in it if (i := _number(e.name, MAX_INDEX_DIGITS)) is not None]
         except OSError as e:
             self.problems.note("jobs:dcgm-dir", f"jobs: cannot read {self.dcgm_dir}: {e.strerror}")
             return False, f"cannot read {self.dcgm_dir}: {e.strerror}"
         self.problems.clear("jobs:dcgm-dir")
-        for entry in entries:
+        names = {e.name for e, _ in entries}
+        for gone in set(self._dcgm) - names:
+            del self._dcgm[gone]
+        for gone in self._dcgm_bad - names:
+            self._forget_dcgm_bad(gone)
+        reads = 0
+        for entry, index in entries:
+            cached = self._dcgm.get(entry.name)
             try:
-                mtime = entry.stat().st_mtime_ns
-                cached = self._dcgm.get(entry.name)
-                if cached is None or cached[0] != mtime:
-                    # a regular file only: a FIFO would block the sampler
-                    text = read_regular(entry.path, MAX_FILE_BYTES)[:MAX_FILE_BYTES].decode("utf-8")
-                    ids = tuple(ln.strip() for ln in text.splitlines() if ln.strip())
-                    if any(not re.fullmatch(r"[0-9A-Za-z_.+-]{1,64}", i) for i in ids):
-                        raise ValueError("not one job id per line")
-                    cached = self._dcgm[entry.name] = (mtime, ids)
-                    self.problems.clear(f"jobs:dcgm:{entry.name}")
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                self.problems.note(f"jobs:dcgm:{entry.name}", f"jobs: {entry.path} skipped: {e}")
-                continue
-            for job in cached[1]:
-                by_index.setdefault(int(entry.name), []).append(
-                    JobRef("slurm", job, None, None, "dcgm-mapping")
-                )
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed since it was listed
+            stamp = (st.st_mtime_ns, st.st_ctime_ns)  # ctime: a chmod'ed file is read again
+            if cached is None or cached[0] != stamp:
+                if reads >= MAX_READS_PER_TICK:
+                    continue  # read in the next ticks: a tick's cost stays bounded
+                reads += 1
+                cached = self._dcgm[entry.name] = (stamp, self._read_dcgm_file(entry.name, entry.path))
+            for job in cached[1] or ():
+                by_index.setdefault(index, []).append(JobRef("slurm", job, None, None, "dcgm-mapping"))
         return True, None
+
+    def _read_dcgm_file(self, name: str, path: str) -> tuple[str, ...] | None:
+        """The job ids of one dcgm mapping file; None (said, until it is good or gone) when bad."""
+        try:
+            # a regular file only (a FIFO would block the sampler), never through a symlink
+            data = read_regular(path, MAX_FILE_BYTES, follow_symlinks=False)
+            if len(data) > MAX_FILE_BYTES:
+                raise ValueError("too large to be a job mapping file")
+            ids = tuple(ln.strip() for ln in data.decode("utf-8").splitlines() if ln.strip())
+            if any(not re.fullmatch(r"[0-9A-Za-z_.+-]{1,64}", i) for i in ids):
+                raise ValueError("not one job id per line")
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            why = (
+                e.strerror
+                if isinstance(e, OSError)
+                else ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e))
+            )
+            if name in self._dcgm_bad or len(self._dcgm_bad) < LOGGED_FILES:
+                self._dcgm_bad.add(name)
+                self.problems.note(f"jobs:dcgm:{name}", f"jobs: {path} skipped: {why}")
+            else:
+                self.problems.note(
+                    "jobs:dcgm-files",
+                    f"jobs: more than {LOGGED_FILES} files skipped in {self.dcgm_dir}; not logged one by one",
+                )
+            return None
+        self._forget_dcgm_bad(name)
+        return ids
+
+    def _forget_dcgm_bad(self, name: str) -> None:
+        if name in self._dcgm_bad:
+            self._dcgm_bad.discard(name)
+            self.problems.clear(f"jobs:dcgm:{name}")
+        if len(self._dcgm_bad) < LOGGED_FILES:
+            self.problems.clear("jobs:dcgm-files")
 
     # -- the processes' cgroups --------------------------------------------------------------------
 
@@ -496,6 +547,14 @@ class JobSource:
             except KeyError:
                 self._users[uid] = str(uid)
         return self._users[uid]
+
+
+def _number(text: str, max_digits: int) -> int | None:
+    """`text` as a number when it is 1 to `max_digits` ASCII digits, else None. str.isdigit says
+    yes to "²" (which int() refuses) and int() reads "٣" as 3: neither names a GPU or a user."""
+    if not (text.isascii() and text.isdigit()) or len(text) > max_digits:
+        return None
+    return int(text)
 
 
 def _listdir(path: str) -> list[str]:
