@@ -8,10 +8,13 @@ episode of those GPUs it says so, with the cause and what to change; at the end,
 in each state and GPU-hours wasted during the run. No daemon: one line at the start, then silence.
 
 The contract with the training code, whatever the daemon does (hangs, trickles a byte a second,
-sends an endless body, a JSON list, JSON nested a million deep): no exception reaches it, nothing
-it calls waits longer than a total deadline (`stop()`: STOP_DEADLINE_S, the end of a run included;
-each question to the daemon: `timeout_s` in all, not per read), and what is kept is bounded (a
-state of at most MAX_STATE_BYTES, at most MAX_PENDING lines waiting, MAX_GPUS GPUs followed).
+sends an endless body, a JSON list, JSON nested a million deep, new GPUs at every question) and
+whatever the environment holds: no exception reaches it (a setting it cannot use is one line, and
+the default or no watching), nothing it calls waits longer than a total deadline (`stop()`:
+STOP_DEADLINE_S, the end of a run included; each question to the daemon: `timeout_s` in all, not
+per read), and what is kept and said is bounded (a state of at most MAX_STATE_BYTES, at most
+MAX_PENDING lines of MAX_LINE_CHARS waiting, MAX_GPUS GPUs followed, a summary of at most
+MAX_SUMMARY_GPUS lines and one for the rest).
 
     from gpumon.integrations import Watch          # any loop
     with Watch(framework="torch"):
@@ -53,6 +56,25 @@ STOP_DEADLINE_S = 3.0
 """The most `stop()` (the end of training) waits, with the final question to the daemon."""
 MAX_PENDING = 100
 MAX_GPUS = 64
+"""GPUs followed: of a state's GPUs, the first this many; of the GPUs seen in the run, the summary's
+readings of the last this many seen (a daemon that names new GPUs at every question replaces the
+oldest rather than growing the watch)."""
+MAX_SUMMARY_GPUS = 16
+"""The summary's lines, one per GPU: beyond this many GPUs, the ones that wasted most, and the
+rest in one line."""
+MAX_NAME_CHARS = 100
+"""A GPU's UUID is some 40 characters (a MIG instance's a few more): a daemon's longer one names
+no GPU (it would be kept with each episode said)."""
+MAX_READING_BYTES = 4096
+"""A GPU's counters as the summary keeps them (seconds in each state and by cause, GPU-seconds
+wasted) are a few hundred bytes; longer ones are not gpumon's, and that GPU gets no summary."""
+MAX_LINE_CHARS = 1000
+"""A line longer than this (a daemon's label or advice, a URL) is cut: the log is the user's."""
+MIN_S = 0.05
+"""`every_s` and `timeout_s` from this (NaN or 0 would ask the daemon as fast as it answers) to
+MAX_EVERY_S and MAX_TIMEOUT_S (1e300 s is more than a thread can wait)."""
+MAX_EVERY_S = 3600.0
+MAX_TIMEOUT_S = 60.0
 MAX_REPORTED = 1000
 
 ADVICE = {
@@ -141,14 +163,11 @@ class Watch:
         defer: bool = False,
     ) -> None:
         """`defer`: hold lines until `drain()` (a callback prints them between steps, so they do
-        not cut through a progress bar)."""
-        self.url = (url or os.environ.get("GPUMON_URL") or DEFAULT_URL).rstrip("/")
+        not cut through a progress bar). Never raises: what cannot be used (an interval that is not
+        a number of seconds, credentials no header can carry) is one line, and the defaults or no
+        watching."""
         self.framework = framework
-        self.gpus = set(gpus) if gpus is not None else None
-        self.every_s = every_s
-        self.timeout_s = timeout_s
         self.log = log or _print
-        self.pid = pid or os.getpid()
         self.defer = defer
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self._stop = threading.Event()
@@ -156,23 +175,42 @@ class Watch:
         self._reported: OrderedDict[tuple[str, float], None] = OrderedDict()
         self._advised: OrderedDict[tuple[str, float], None] = OrderedDict()
         """Episodes whose fix line (what a fix buys) has been said."""
-        self._first: dict[str, dict[str, Any]] = {}
-        """Each GPU's first reading that judges this run (the summary counts from it)."""
+        self._first: dict[str, dict[str, Any] | None] = {}
+        """Each GPU's first reading that judges this run (the summary counts from it); None where
+        its counters are not gpumon's (`_reading`)."""
         self._judged_from: dict[str, float] = {}
         """Seconds into the run of that reading."""
-        self._last: dict[str, dict[str, Any]] = {}
+        self._last: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
+        """Each GPU's last reading, the GPU seen longest ago first: at most MAX_GPUS, and a GPU
+        forgotten here is forgotten in `_first` and `_judged_from` too."""
         self._reachable: bool | None = None
         self._said_which = False
         self._started_at = time.monotonic()
         self._started_unix = time.time()
         self._found_at: float | None = None
-        self._auth = _auth_header()
+        problems: list[str] = []
+        self.every_s = _seconds(every_s, "every_s", EVERY_S, MAX_EVERY_S, problems)
+        self.timeout_s = _seconds(timeout_s, "timeout_s", TIMEOUT_S, MAX_TIMEOUT_S, problems)
+        self.url, self.gpus, self.pid, self._auth = DEFAULT_URL, None, os.getpid(), {}
+        self._off = False
+        """Nothing to watch with (a bad argument or environment): no thread, no lines but the one."""
+        try:
+            self.url = (url or os.environ.get("GPUMON_URL") or DEFAULT_URL).rstrip("/")
+            self.gpus = set(gpus) if gpus is not None else None
+            self.pid = pid or os.getpid()
+            self._auth = _auth_header()
+        except Exception as e:  # an exception here would be raised in the user's code: unwatched
+            self._off = True
+            problems.append(f"cannot watch ({e or type(e).__name__})")
+        if problems:
+            off = ": no GPU starvation reports for this run" if self._off else ""
+            self._say("gpumon: " + "; ".join(problems) + off)
 
     # -- the training side -------------------------------------------------------------------------
 
     def start(self) -> Watch:
         try:
-            if self._thread is None:
+            if self._thread is None and not self._off:
                 self._thread = threading.Thread(target=self._run, name="gpumon-watch", daemon=True)
                 self._thread.start()
         except Exception:  # (no thread to be had): the training runs on, unwatched
@@ -228,6 +266,11 @@ class Watch:
             self._stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
 
     def _say(self, line: str) -> None:
+        if len(line) > MAX_LINE_CHARS:
+            line = line[: MAX_LINE_CHARS - 3] + "..."
+        # text any log can write: a URL's byte \xff is Python's lone '\udcff', as a daemon's JSON
+        # may send one, which a UTF-8 log file refuses (logging prints a traceback for it)
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
         if self.defer:
             self.pending.append(line)
             return
@@ -243,7 +286,8 @@ class Watch:
         except Exception as e:  # unreachable, slow, too large, not JSON, nested too deep
             if self._reachable is None:  # said once; later failures (a daemon restarting) stay quiet
                 why = getattr(e, "reason", None) or str(e) or type(e).__name__
-                self._say(f"gpumon: no daemon at {self.url} ({why}): no GPU starvation reports for this run")
+                shown = _without_password(self.url)
+                self._say(f"gpumon: no daemon at {shown} ({why}): no GPU starvation reports for this run")
                 self._reachable = False
             return
         self._reachable = True
@@ -256,7 +300,7 @@ class Watch:
 
     def _mine(self, state: dict[str, Any]) -> list[dict[str, Any]]:
         listed = state.get("gpus")
-        gpus = [g for g in listed[:MAX_GPUS] if isinstance(g, dict)] if isinstance(listed, list) else []
+        gpus = [g for g in listed[:MAX_GPUS] if _named(g)] if isinstance(listed, list) else []
         if self.gpus is not None:
             return [g for g in gpus if g.get("index") in self.gpus]
         tree = process_tree(self.pid)
@@ -278,18 +322,24 @@ class Watch:
     def _look(self, state: dict[str, Any]) -> None:
         now = float(state.get("time_unix_s") or time.time())
         for g in self._mine(state):
-            key = g["uuid"] or str(g["index"])
+            key = g.get("uuid") or str(g["index"])
             current = next(
                 (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
             )
             start = float(current["start_unix_s"]) if current else now - float(g.get("since_s") or 0)
             ours = start >= self._started_unix - 2 or now - self._started_unix >= SETTLE_S
+            reading = _reading(g)
             if key not in self._first and ours:
                 # the run's counters start once the daemon judges this run, not the GPU's previous
                 # state carried into its first seconds (a fed job's summary read "idle 10 s (59%)")
-                self._first[key] = g
+                self._first[key] = reading
                 self._judged_from[key] = now - self._started_unix
-            self._last[key] = g
+            self._last[key] = reading
+            self._last.move_to_end(key)
+            while len(self._last) > MAX_GPUS:  # a daemon naming new GPUs at every question
+                gone, _ = self._last.popitem(last=False)
+                self._first.pop(gone, None)
+                self._judged_from.pop(gone, None)
             label = str(g.get("label") or "")
             if not label.startswith(REPORTED):
                 continue
@@ -320,8 +370,11 @@ class Watch:
         return f"gpumon: GPU {g['index']} {what} for {for_s:.0f} s{idle}" + (f": {tip}" if tip else "")
 
     def _say_summary(self) -> None:
-        for key, last in self._last.items():
+        lines: list[tuple[float, int, str]] = []  # GPU-seconds wasted, index, line
+        for key, last in list(self._last.items()):
             first = self._first.get(key, last)  # never judged: nothing counted (too short)
+            if first is None or last is None:
+                continue  # counters no gpumon sends: no line rather than a wrong one
             spent = _deltas(first.get("seconds_in_state"), last.get("seconds_in_state"))
             causes = _deltas(first.get("starved_seconds_by_cause"), last.get("starved_seconds_by_cause"))
             if "starved" in spent and causes:  # starved-cpu 40 s, starved-io 5 s, rather than starved 45 s
@@ -334,10 +387,20 @@ class Watch:
             )
             settling = self._judged_from.get(key, 0.0)
             since = f" (judged from {settling:.0f} s in)" if settling >= 1 else ""
-            self._say(
+            line = (
                 f"gpumon: this run on GPU {last['index']}: {states or 'too short to judge'}; "
                 f"{wasted / 3600:.4f} GPU-hours wasted{since}"
             )
+            lines.append((wasted, last["index"], line))
+        # by GPU; beyond MAX_SUMMARY_GPUS (a daemon that named GPUs by the thousand), the worst
+        worst = sorted(lines, key=lambda w: -w[0])[:MAX_SUMMARY_GPUS]
+        for _, _, line in sorted(worst, key=lambda w: w[1]):
+            self._say(line)
+        more = len(lines) - len(worst)
+        if more:
+            rest = sum(w[0] for w in lines) - sum(w[0] for w in worst)
+            gpus = "GPUs" if more > 1 else "GPU"
+            self._say(f"gpumon: this run on {more} more {gpus}: {rest / 3600:.4f} GPU-hours wasted")
 
 
 def _deltas(before: Any, after: Any) -> dict[str, float]:
@@ -394,12 +457,59 @@ def get(url: str, headers: dict[str, str], deadline_s: float, max_bytes: int) ->
         conn.close()
 
 
+def _without_password(url: str) -> str:
+    """The URL as the training log may show it: what stands before an @ (USER:PASSWORD) hidden."""
+    scheme, sep, rest = url.partition("//")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    return f"{scheme}//***@{rest.split('@', 1)[1]}"
+
+
 def _auth_header() -> dict[str, str]:
-    """GPUMON_BASIC_AUTH=USER:PASSWORD, when the daemon asks for basic auth."""
+    """GPUMON_BASIC_AUTH=USER:PASSWORD, when the daemon asks for basic auth: the variable's bytes
+    as the environment holds them (the daemon checks a password's bytes, UTF-8 or not: `user:\\xff`
+    is Python's 'user:\\udcff', which UTF-8 cannot encode)."""
     creds = os.environ.get("GPUMON_BASIC_AUTH")
     if not creds:
         return {}
-    return {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode()}
+    try:
+        raw = os.fsencode(creds)
+    except UnicodeError:  # set from Python, not by the environment; the message never shows it
+        raise ValueError("GPUMON_BASIC_AUTH holds characters that are not bytes") from None
+    return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+
+
+def _seconds(value: float, name: str, default: float, most: float, problems: list[str]) -> float:
+    """`value` in seconds, from MIN_S to `most`; else `default`, and why in `problems`."""
+    try:
+        s = float(value)
+    except Exception:  # whatever a caller passed, its __float__ raising included
+        problems.append(f"{name} is not a number: {default:g} s instead")
+        return default
+    if MIN_S <= s <= most:  # NaN is not
+        return s
+    problems.append(f"{name}={s:g} is not {MIN_S:g} to {most:g} s: {default:g} s instead")
+    return default
+
+
+def _named(g: Any) -> bool:
+    """A GPU as a gpumon daemon names it: an index, and a UUID of at most MAX_NAME_CHARS or none."""
+    if not isinstance(g, dict) or not isinstance(g.get("index"), int):
+        return False
+    uuid = g.get("uuid")
+    return uuid is None or (isinstance(uuid, str) and len(uuid) <= MAX_NAME_CHARS)
+
+
+def _reading(g: dict[str, Any]) -> dict[str, Any] | None:
+    """What the summary needs of a GPU's reading: its index and counters, not its episodes,
+    evidence or advice (a daemon could make those megabytes, and a reading from the run's start is
+    kept per GPU); None when even those are longer than MAX_READING_BYTES."""
+    reading = {k: g.get(k) for k in ("index", "seconds_in_state", "starved_seconds_by_cause", "wasted_gpu_s")}
+    try:
+        size = len(json.dumps(reading))
+    except (ValueError, RecursionError):
+        return None
+    return reading if size <= MAX_READING_BYTES else None
 
 
 def _remember(seen: OrderedDict[tuple[str, float], None], episode: tuple[str, float]) -> None:
