@@ -74,6 +74,11 @@ def test_drive_in_the_file_is_a_setting_like_the_others(
     code, err = check_config(tmp_path, f'drive = "{drive}"\n', capsys)
     assert code == 0, err
     assert f"driven by the job writing {drive}" in (tmp_path / ".out").read_text()
+    # a data-parallel job's file, started before the recorder (its launcher's line first): it was
+    # refused as "not a drive file" (found by a helper fixing the drive reader)
+    drive.write_text("# gpumon-drive v2 ranks=2\n# gpumon-drive v2 pid=4242 rank=0\n")
+    code, err = check_config(tmp_path, f'drive = "{drive}"\n', capsys)
+    assert code == 0, err
 
 
 # -- --check-config refuses what the start would refuse -------------------------------------------

@@ -150,7 +150,7 @@ def _check_drive_file(value: str) -> None:
         head = read_regular(value, 64)[:64]
     except OSError as e:
         raise SettingError(f"{value}: cannot read: {e.strerror}") from None
-    if head and not head.startswith(b"# gpumon-drive v1"):
+    if head and not head.startswith((b"# gpumon-drive v1", b"# gpumon-drive v2")):  # v2: ranks
         raise SettingError(f"{value}: not a drive file (written by gpumon bench --drive)")
 
 

@@ -71,7 +71,7 @@ def parse_list_response(response: object) -> tuple[PodDevice, ...]:
 def device_key(device_id: str) -> tuple[str, str]:
     """How a device id names a GPU: ("uuid", "GPU-..."/"MIG-...") or ("index", "3")."""
     base = device_id.split("::", 1)[0]  # time-slicing replicas: GPU-xxxx::0, GPU-xxxx::1
-    if base.isdigit():
+    if base.isascii() and base.isdigit():  # ("²" is a digit to isdigit, and no GPU's index)
         return "index", base
     return "uuid", base
 
