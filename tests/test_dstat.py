@@ -383,3 +383,31 @@ def test_a_trickling_server_is_given_up_on_within_the_timeout(
     # the trickle lasts TRICKLE_S; a plugin that waited on it would run into run()'s timeout
     p = run(which, ["--gpu", "1", "1"], home, {"GPUMON_URL": trickling_server}, timeout=TRICKLE_S / 10)
     assert p.returncode == 8 and "no GPU data" in p.stderr
+
+
+@pytest.mark.parametrize("there", ["fifo", "symlink", "old-plugin"])
+def test_install_replaces_what_stands_at_the_plugins_name_never_writing_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, there: str
+) -> None:
+    """A FIFO at the plugin's name hung the install for good (found by a hostile-input pass); a
+    symlink there had the plugin written into the file it names (as root with --system, any
+    file). The plugin is written beside it and renamed over it."""
+    from gpumon.dstat import install
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    target = tmp_path / ".dstat" / "dstat_gpu.py"
+    target.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    if there == "fifo":
+        os.mkfifo(target)
+    elif there == "symlink":
+        target.symlink_to(victim)
+    else:
+        target.write_text("an older plugin\n")
+    done = install.install(system=False)
+    assert target in done and target.is_file() and not target.is_symlink()
+    assert target.read_bytes() == install.source()
+    assert victim.read_text() == "keep me\n"
+    assert [p.name for p in target.parent.iterdir()] == ["dstat_gpu.py"], "no temporary file left"

@@ -30,12 +30,27 @@ def install(system: bool) -> list[Path]:
     for path in targets(system):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(body)
+            _replace(path, body)
         except OSError as e:
             hint = " (try --user, or run as root)" if system else ""
             raise OutputError(f"{path}: cannot write the plugin: {e.strerror}{hint}") from None
         done.append(path)
     return done
+
+
+def _replace(path: Path, body: bytes) -> None:
+    """`body` put at `path` whole: written beside it, then renamed over it. Whatever stood at the
+    name is replaced, never written through: a FIFO there hung the install, and a symlink there
+    (as root, with --system) would have had another file overwritten."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def uninstall(system: bool) -> list[Path]:

@@ -4,11 +4,14 @@ at close (a power loss costs at most that much). Both trace versions write throu
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from typing import BinaryIO
 
 from gpumon.core.errors import OutputError
+from gpumon.core.files import kind_of
 
 FSYNC_EVERY_S = 5.0
 
@@ -22,14 +25,7 @@ class DurableFile:
         """A write failed (disk full): `close` then only releases the file."""
         self._fsync_every_s = fsync_every_s
         self._last_fsync = time.monotonic()
-        try:
-            self._f: BinaryIO = open(path, "wb" if force else "xb")
-        except FileExistsError:
-            raise OutputError(
-                f"{path}: already exists; choose another -o or pass --force to overwrite it"
-            ) from None
-        except OSError as e:
-            raise OutputError(f"{path}: cannot create: {e.strerror}") from None
+        self._f: BinaryIO = _create(path, force)
 
     @property
     def closed(self) -> bool:
@@ -82,3 +78,30 @@ class DurableFile:
                 if not self.failed:
                     self.failed = True
                     raise OutputError(f"{self.path}: cannot write: {e.strerror}") from None
+
+
+def _create(path: str, force: bool) -> BinaryIO:
+    """`path` created (or, with `force`, truncated) for writing: a regular file only. Opened
+    without waiting, so a FIFO under the name (with `force`) is refused at once rather than waited
+    on for a reader forever; so is a device, where a trace's fsync would fail later."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+    flags |= os.O_TRUNC if force else os.O_EXCL
+    try:
+        fd = os.open(path, flags, 0o666)  # (less the umask, as open() makes it)
+    except FileExistsError:
+        raise OutputError(
+            f"{path}: already exists; choose another -o or pass --force to overwrite it"
+        ) from None
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK says so instead of waiting
+            raise OutputError(f"{path}: not a regular file (a FIFO): a trace is written to a file") from None
+        raise OutputError(f"{path}: cannot create: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputError(f"{path}: not a regular file (a {kind_of(mode)}): a trace is written to a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
