@@ -273,3 +273,29 @@ def test_a_tick_that_comes_as_the_file_closes_is_dropped_not_written_after_the_e
     trace = read_trace(str(path))
     assert [t.t_s for t in trace.ticks] == [1.0, 2.0, 3.0] and not trace.warnings
     assert trace.end is not None and trace.end["ticks"] == 3 and trace.end["t_s"] == 3.0
+
+
+@pytest.mark.parametrize("tail", [b"junk\n", b"\x00\x01not gzip", b"x" * 200_000])
+def test_bytes_appended_after_a_whole_trace_leave_its_records_read(
+    v1: Path, tmp_path: Path, tail: bytes
+) -> None:
+    """`echo junk >> trace.gz` made `analyze` refuse the whole trace (corrupt compressed data), while
+    `analyze --from` read the same segment and warned (found by a hostile-input pass): every record
+    before the stream's end stands, with a warning."""
+    whole = tmp_path / "t.jsonl.gz"
+    assert gpumon("trace", "convert", str(v1), str(whole)).returncode == 0
+    damaged = tmp_path / "damaged.jsonl.gz"
+    damaged.write_bytes(whole.read_bytes() + tail)
+    want = [tick_to_dict(t) for t in read_trace(str(whole)).ticks]
+    got = read_trace(str(damaged))
+    assert [tick_to_dict(t) for t in got.ticks] == want and got.end is not None
+    assert any("follows the end of the compressed stream" in w for w in got.warnings), got.warnings
+
+
+def test_a_second_trace_joined_to_a_first_is_still_refused(v1: Path, tmp_path: Path) -> None:
+    whole = tmp_path / "t.jsonl.gz"
+    assert gpumon("trace", "convert", str(v1), str(whole)).returncode == 0
+    joined = tmp_path / "joined.jsonl.gz"
+    joined.write_bytes(whole.read_bytes() * 2)
+    with pytest.raises(TraceError, match="second header"):
+        read_trace(str(joined))

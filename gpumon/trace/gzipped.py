@@ -103,6 +103,9 @@ class GzipLines:
         self.trailer_seen = False
         self.offset = 0
         self.inflated = 0
+        self.after_end = 0
+        """Bytes after the stream's end that are not another gzip member, as far as they were read
+        (ignored; 0: none)."""
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
         z = zlib.decompressobj(31)
@@ -127,6 +130,15 @@ class GzipLines:
                     yield pending, self.offset
                     return
                 if z.eof and (rest := z.unused_data + data).strip(b"\0"):
+                    if not rest.startswith(GZIP_MAGIC[: len(rest)]):
+                        # not another gzip member: bytes appended after the stream's end (by
+                        # hand, a tool): the records before them stand; how many is said
+                        self.offset += len(chunk) - len(rest)
+                        self.trailer_seen = True
+                        self.after_end = len(rest)  # (at least: what follows is not read)
+                        if pending:
+                            yield pending, self.offset
+                        return
                     # another gzip member follows (files joined): read on; the reader refuses
                     # the second header it holds
                     z = zlib.decompressobj(31)
