@@ -123,6 +123,12 @@ def tick(t: float, **extra) -> dict:
     return {"type": "tick", "t_s": t, "gpus": [dict(GPU, **extra)], "host": None}
 
 
+def _many_gpus(t: float, n: int) -> dict:
+    """A tick naming `n` GPUs that no tick before named."""
+    gpus = [dict(GPU, index=i, uuid=f"GPU-{t:g}-{i}") for i in range(n)]
+    return {"type": "tick", "t_s": t, "gpus": gpus, "host": None}
+
+
 @pytest.mark.parametrize(
     "lines,line,reason",
     [
@@ -137,6 +143,13 @@ def tick(t: float, **extra) -> dict:
         ([HEADER, tick(1, util_history=[[1.0]])], 2, "util_history entries"),
         ([HEADER, tick(1), HEADER], 3, "second header"),
         ([HEADER, [1, 2]], 2, "must be a JSON object"),
+        # every GPU named is followed through the analysis: 20 ticks of 10,000 new GPUs each took
+        # 1.6 GB (found by a hostile-input pass)
+        (
+            [HEADER, *(_many_gpus(t, 2000) for t in (1, 2, 3))],
+            4,
+            "more than 4096 GPUs in one trace",
+        ),
     ],
 )
 def test_bad_traces_are_refused_with_file_line_and_reason(tmp_path: Path, lines, line, reason) -> None:

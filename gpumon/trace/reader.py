@@ -21,6 +21,7 @@ from gpumon.trace.gzipped import GZIP_MAGIC, MAX_RATIO, GzipLines, TooCompressed
 from gpumon.trace.records import (
     FORMAT,
     MAX_GAP_S,
+    MAX_GPUS_IN_A_TRACE,
     MAX_INTERVAL_S,
     MAX_LINE_BYTES,
     MIN_INTERVAL_S,
@@ -200,6 +201,7 @@ class _Reader:
         self._kinds: dict[str, int] = {}
         self.ignored = 0
         """Records of unknown types since the last known one."""
+        self._gpus_seen: set[tuple[int, str | None]] = set()
 
     def warn(self, kind: str, text: str) -> None:
         """A warning, kept when it is among the first WARNINGS_PER_KIND of its kind."""
@@ -273,6 +275,7 @@ class _Reader:
                 self.warn("repeated t_s", f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
                 return
             self.last_t = tick.t_s
+            self._count_gpus(lineno, tick)
             yield tick
         elif kind == "end":
             yield record
@@ -288,6 +291,20 @@ class _Reader:
                 )
             return
         self.ignored = 0
+
+    def _count_gpus(self, lineno: int, tick: Tick) -> None:
+        """Each GPU a trace names is followed through its whole analysis: a trace naming more than
+        MAX_GPUS_IN_A_TRACE is refused (20 ticks of 10,000 GPUs each took 1.6 GB and printed a
+        million lines: found by a hostile-input pass)."""
+        seen = self._gpus_seen
+        for g in tick.gpus:
+            seen.add((g.index, g.uuid))
+        if len(seen) > MAX_GPUS_IN_A_TRACE:
+            raise self._error(
+                lineno,
+                f"more than {MAX_GPUS_IN_A_TRACE} GPUs in one trace (no node has that many, MIG "
+                "instances and replaced boards included): refused",
+            )
 
     def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("type") != "header" or record.get("format") != FORMAT:

@@ -33,6 +33,9 @@ MAX_GAP_S = 7 * 86400.0
 """The largest step between two ticks a reader accepts: a recorder suspended for a week is still
 read; a `t_s` of 1e12 (an edited or corrupt line, two recordings joined) is refused, naming the
 line. Gaps up to this are skipped in time proportional to the data, not to the gap."""
+MAX_GPUS_IN_A_TRACE = 4096
+"""GPUs (index and UUID) one trace may name, over its whole length: a node's GPUs, their MIG
+instances, boards replaced. Each is followed through the analysis, so more are refused."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """No tick of a real fleet comes near this (~0.7 KB per GPU): a longer line is refused."""
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.05, 3600.0
