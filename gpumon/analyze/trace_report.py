@@ -624,9 +624,13 @@ def render_text(a: Analysis) -> str:
         fix = g.fix
         if fix is not None:
             lines += fix_lines(fix)
-    for w in a.warnings:
-        lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def render_warnings(a: Analysis) -> str:
+    """What was wrong with the input (a torn segment, a partial record), a line each: for standard
+    error, beside the report (`analyze > report.txt` once hid them in the file)."""
+    return "\n".join(f"gpumon: warning: {w}" for w in a.warnings)
 
 
 def stragglers_of(a: Analysis) -> StragglerHistory[int]:

@@ -72,7 +72,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.analyze.trace_report import analyze, analyze_range, render_text, to_json
+    from gpumon.analyze.trace_report import analyze, analyze_range, render_text, render_warnings, to_json
     from gpumon.analyze.truth import compare_truth, read_truth
 
     th = flags.thresholds(args)
@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(printable(render_text(result)))  # names and jobs from the trace: no terminal escapes
+        if result.warnings:
+            print(printable(render_warnings(result)), file=sys.stderr)
         if truth is not None:
             print(truth.render(args.truth))
         if args.plot:
