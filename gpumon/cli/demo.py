@@ -115,11 +115,13 @@ def run_demo(phase_s: float, listen: str, out: Path) -> int:
             job.wait(30)
         daemon.stop()
         writer.finish("duration")
-    from gpumon.analyze.trace_report import analyze, render_text
+    from gpumon.analyze.trace_report import analyze, render_text, render_warnings
     from gpumon.analyze.truth import compare_truth
 
     result = analyze(str(trace))
     print("\n" + render_text(result))
+    if result.warnings:
+        print(render_warnings(result), file=sys.stderr)
     print(compare_truth(result, str(truth)).render(str(truth)))
     png = out / "demo.png"
     try:
