@@ -108,6 +108,8 @@ def test_devices_without_a_driver_fails_cleanly() -> None:
             "argument --until",
         ),
         (["report", "--job", "1", "--since", "0001-01-01T00:00Z"], "argument --since"),
+        (["report", "--job", ""], "--job: expected a job id"),  # (once "job : no GPU...", exit 9)
+        (["report", "--job", "7\n77"], "--job: expected a job id"),  # (once a two-line error)
     ],
 )
 def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:

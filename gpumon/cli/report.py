@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timeout is not None and not 0.1 <= args.timeout <= 3600:
         raise UsageError("--timeout: from 0.1 to 3600 seconds")
+    job = args.job
+    if not job or len(job) > 128 or not job.isprintable() or any(c.isspace() for c in job):
+        shown = job[:40].encode("unicode_escape").decode("ascii")
+        raise UsageError(f"--job: expected a job id such as 4242, 70_7 or ns/pod; got {shown!r}")
     auth = args.basic_auth or os.environ.get("GPUMON_BASIC_AUTH") or None
     if auth is not None and ":" not in auth:
         raise UsageError("--basic-auth: expected USER:PASSWORD")
