@@ -111,6 +111,7 @@ def _web(tmp_path: Path, text: str) -> str:
         ("max_connections = 1.5\n", "max_connections"),
         ("window_s = 10\n", "window_s"),
         ("interval_s = true\n", "interval_s"),
+        ('interval_s = "\u0662"\n', "interval_s"),  # an Arabic-Indic two: float() reads it as 2
     ],
 )
 def test_check_config_refuses_bad_values_naming_file_and_key(
@@ -136,6 +137,17 @@ def test_check_config_refuses_a_binary_drive_file(tmp_path: Path, capsys: pytest
     bad.write_bytes(b"\x7fELF\x00\x01\x02")
     code, err = check_config(tmp_path, f'drive = "{bad}"\n', capsys)
     assert code == 7 and "drive" in err and "not a drive file" in err, err
+
+
+def test_a_config_file_that_begins_with_a_bom_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Some editors begin a UTF-8 file with a byte order mark: the web config's YAML took it, the
+    TOML file was refused ("Invalid statement (line 1, column 1)"; found by a hostile-input pass)."""
+    f = tmp_path / "gpumon.toml"
+    f.write_bytes(b"\xef\xbb\xbfinterval_s = 2\n")
+    code = main(["serve", "--check-config", "--config", str(f)])
+    assert code == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

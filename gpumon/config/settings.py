@@ -540,6 +540,8 @@ def _number(value: Any, kind: type) -> Any:
         raise SettingError(f"must be {what}, got {value!r}")
     if isinstance(value, str):
         text = value.strip()
+        if not text.isascii():  # int() and float() read other scripts' digits: "١" is 1
+            raise SettingError(f"must be {what} in ASCII digits, got {value!r}")
         try:
             if kind is int:
                 return int(text)
@@ -604,7 +606,7 @@ def _read_toml(path: str) -> dict[str, Any]:
     if b"\0" in data:
         raise ConfigError(f"{path}: a binary file, not a TOML config file")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a BOM, as some editors write: as YAML's
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text (TOML files are UTF-8)") from None
