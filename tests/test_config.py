@@ -230,6 +230,7 @@ def test_environment_values_get_the_same_checks(tmp_path: Path) -> None:
         (["watch", "--simulate", "healthy", "--threshold", "confirm_s=nan"], "--threshold"),
         (["serve", "--check-config", "--interval", "inf"], "--interval"),
         (["serve", "--check-config", "--listen", "[::1:99"], "--listen"),
+        (["serve", "--check-config", "--listen", "127.0.0.1:\u0669\u0668\u0667\u0667"], "--listen"),
         (["devices", "--simulate", "healthy", "--seed", "-3"], "--seed"),
     ],
 )

@@ -101,7 +101,7 @@ def parse_listen(text: str) -> tuple[str, int]:
         labels = host.removesuffix(".").split(".")
         if len(host) > 253 or not all(_HOST_LABEL.match(x) for x in labels) or labels[-1].isdigit():
             raise SettingError(f"not an address or a host name: {host!r}")
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()):
         raise SettingError(f"port must be a number, got {port!r}")
     number = int(port)
     if not 0 <= number <= 65535:
