@@ -465,3 +465,41 @@ def test_a_simulation_that_stops_ticking_has_its_last_ticks_on_disk(
         on_disk = [t.t_s for t in read_trace(segments[0].path).ticks] if segments else []
     assert on_disk == [1.0, 2.0, 3.0]
     rec.close()
+
+
+def test_a_second_daemon_on_the_same_directory_waits_for_the_first_to_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two daemons recording into one directory wrote segments side by side, and `analyze --from`
+    skipped one's ticks as out of order (found by a hostile-input pass): the second pauses, says
+    who records there, and takes over once the first stops (its retry, RETRY_S later)."""
+    from gpumon.trace.recorder import RETRY_S
+
+    first = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, block=True)
+    second = Recorder(str(tmp_path), {"kind": "simulated"}, 1.0, lambda: EPOCH, block=True)
+    first.start()
+    second.start()
+    pipeline = simulated_pipeline("healthy")
+    ticks: list[Tick] = []
+    pipeline.on_tick(ticks.append)
+    pipeline.run(60)
+    pipeline.close()
+    with caplog.at_level(logging.INFO, logger="gpumon"):
+        for t in ticks[:20]:
+            first.submit(t)
+        first.flush()  # the first records (and holds the directory)
+        for t in ticks[:20]:
+            second.submit(t)
+        second.flush()
+        stopped = second.stats()
+        first.close()  # the first daemon stops: its lock goes with it
+        for t in ticks[20:]:
+            second.submit(t)
+        second.close()
+    assert not stopped.up and f"pid {os.getpid()}" in (stopped.paused_reason or "")
+    assert "another gpumon records here" in (stopped.paused_reason or "")
+    kept = [read_trace(s.path) for s in list_segments(str(tmp_path))]
+    assert [len(k.ticks) for k in kept[:1]] == [20], "the first's segment, whole"
+    taken_over = sum(len(k.ticks) for k in kept[1:])
+    assert 60 - 20 - RETRY_S - 1 <= taken_over <= 60 - 20, "the second records from its next retry"
+    assert any("resumed" in r.getMessage() for r in caplog.records)

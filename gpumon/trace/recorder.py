@@ -23,6 +23,7 @@ and it tries again every RETRY_S: it never stops for good while the daemon runs.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -50,6 +51,9 @@ made a GPU-day 30% larger (docs/recorder.md). So a kill -9 loses at most the las
 fsync follows every 5 s (a power cut: 10 s). In real time the recorder's thread also wakes only
 that often, and writes the ticks queued since in one go: woken for every tick, the recorder took
 a fifth of an idle daemon's CPU, 0.051-0.068% of a core against 0.040% now (docs/recorder.md)."""
+LOCK_NAME = ".gpumon-recorder.lock"
+"""In the recording directory: who records into it (one daemon at a time). Not a segment's name:
+never read as one, never deleted by retention."""
 HOLD_MAX_S = 2.0
 """The longest a `held` recorder's thread waits for `release` (the daemon's first sample published)
 before it takes its first tick: see Recorder."""
@@ -127,6 +131,8 @@ class Recorder:
         self._newest_unix = 0.0
         self._made_directory = False
         """The directory was there (or made) once: if it goes, it is waited for, not made again."""
+        self._lock_fd: int | None = None
+        """The directory's lock, held while recording (_hold_directory)."""
 
     # -- the sampler's side ------------------------------------------------------------------------
 
@@ -191,6 +197,7 @@ class Recorder:
                 try:
                     if item is None:
                         self._guarded(self._end_segment, "stopped")
+                        self._release_directory()
                         return
                     if isinstance(item, Tick):
                         self._guarded(self._record, item)
@@ -293,6 +300,7 @@ class Recorder:
         except OSError as e:
             raise OutputError(f"{self.directory}: cannot create the directory: {e.strerror}") from None
         self._made_directory = True
+        self._hold_directory()
         origin = tick.t_s - self._interval_s  # the first tick lands at interval_s, as `record`'s
         from gpumon.trace.records import make_header  # after the first sample (see `held`)
 
@@ -313,6 +321,48 @@ class Recorder:
         self._seg_start_unix = unix
         self._retention(unix)
         return writer
+
+    def _hold_directory(self) -> None:
+        """The directory's lock (LOCK_NAME, flock), held while this recorder lives: a second daemon
+        recording into the same directory wrote segments beside the first's, whose ticks
+        `analyze --from` then skipped as out of order (found by a hostile-input pass). Without the
+        lock, recording pauses, says who holds it, and tries again every RETRY_S (so it takes over
+        when the other stops). Taken again when the directory was removed and made anew."""
+        path = os.path.join(self.directory, LOCK_NAME)
+        fd = self._lock_fd
+        if fd is not None:
+            try:
+                here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+                if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                    return  # still the directory's own lock
+            except OSError:
+                pass
+            os.close(fd)
+            self._lock_fd = None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot open the recorder's lock: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            except OSError:
+                holder = "?"
+            os.close(fd)
+            raise OutputError(
+                f"{self.directory}: another gpumon records here (pid {holder[:20]}); this one "
+                "records when it stops (give each daemon a record_dir of its own)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_directory(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # (the lock goes with it)
+            self._lock_fd = None
 
     def _end_segment(self, reason: str | None) -> None:
         writer = self._writer
