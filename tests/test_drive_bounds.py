@@ -186,3 +186,20 @@ def test_a_pid_or_time_that_is_no_such_thing_is_skipped(tmp_path: Path, line: st
     assert gpu.pid == os.getpid() and gpu.phase(1.0).has_job and gpu.power_w(1.0) > 0
     assert gpu.busy_share(0.0, 4.0) == 0.0 and gpu.busy_share(5.0, 6.0) == pytest.approx(0.5)
     assert fleet.skipped["not a drive line"] == 1
+
+
+def test_a_drive_file_that_cannot_be_read_is_among_the_pipelines_problems(tmp_path: Path) -> None:
+    """What the state API and /metrics say is wrong (the pipeline's problems), not only the log."""
+    from gpumon.collect.pipeline import Pipeline, SourceSpec
+
+    path = tmp_path / "drive.txt"
+    os.mkfifo(path)
+    problems = Problems(logging.getLogger("test"))
+    clock = VirtualClock()
+    spec = SourceSpec("driven", file=str(path))
+    pipeline = Pipeline(spec, clock, problems=problems, attribution=None)
+    try:
+        pipeline.run(3)
+        assert any("not a regular file (a FIFO)" in p for p in problems.active()), problems.active()
+    finally:
+        pipeline.close()

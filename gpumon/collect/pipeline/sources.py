@@ -114,7 +114,7 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
     from gpumon.sim.fakenvml import FakeNvml
 
     assert spec.file is not None
-    fleet = driven_fleet(spec.file, clock, spec.sample_period_s)
+    fleet = driven_fleet(spec.file, clock, spec.sample_period_s, problems)  # (its file's, said too)
     nvml = NvmlSource(FakeNvml(fleet), problems)
     nvml.open()
     # the GPU is simulated, the host is not: the job's real processes are read
