@@ -817,3 +817,26 @@ def test_a_route_that_fails_gives_its_client_a_500_and_the_server_serves_on(
 )
 def test_gzip_is_sent_only_where_the_accept_encoding_header_takes_it(header: str, gzip: bool) -> None:
     assert http.accepts_gzip(header) is gzip
+
+
+def test_a_request_in_absolute_form_is_served_as_its_path() -> None:
+    """`GET http://host:9877/metrics HTTP/1.1` (a proxy's form, which a server must accept: RFC 9112
+    3.2.2) was a 404 (found by a hostile-input pass)."""
+    routes = http.Routes(
+        metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
+        state=dict,
+        health=lambda: (True, "ok"),
+        landing=lambda: "gpumon",
+    )
+    web = http.WebServer(("127.0.0.1", 0), routes, WebConfig())
+    web.start()
+    try:
+        for target in (f"http://127.0.0.1:{web.port}/metrics", "HTTP://gpumon/metrics?x=1"):
+            with socket.create_connection(("127.0.0.1", web.port), timeout=10) as s:
+                s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                got = b""
+                while chunk := s.recv(65536):
+                    got += chunk
+            assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"up 1\n"), (target, got[:100])
+    finally:
+        web.stop()

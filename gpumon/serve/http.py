@@ -375,6 +375,16 @@ class Authenticator:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _origin_form(target: str) -> str:
+    """A request target as a path and query: the absolute form (`GET http://host:9877/metrics`,
+    which a server must accept, RFC 9112 3.2.2) is read as its path."""
+    scheme, sep, rest = target.partition("://")
+    if sep and scheme.lower() in ("http", "https") and "/" not in scheme:
+        slash = rest.find("/")
+        return rest[slash:] if slash >= 0 else "/" + (rest.partition("?")[1] + rest.partition("?")[2])
+    return target
+
+
 def _lowest_priority() -> None:
     """The bcrypt thread at nice 19 (Linux: a thread's nice is its own): a flood's checks yield to
     the training job, the sampler and the scrapes."""
@@ -736,7 +746,8 @@ class WebServer:
             ), True
         if not verdict:
             return _text(401, "unauthorized", (("WWW-Authenticate", 'Basic realm="gpumon"'),)), False
-        path = request.target.decode("latin-1").split("?", 1)[0]
+        target = _origin_form(request.target.decode("latin-1"))
+        path = target.split("?", 1)[0]
         gz = accepts_gzip(headers.get("accept-encoding", ""))
         routes = self.routes
         if path == "/metrics":
@@ -749,7 +760,7 @@ class WebServer:
 
             return Response(200, json.dumps(routes.state()).encode(), "application/json"), False
         if path == "/api/v1/analysis" and routes.analysis is not None:
-            query = request.target.decode("latin-1").partition("?")[2]
+            query = target.partition("?")[2]
             status, body, extra = await routes.analysis(query, client)
             return Response(status, body, "application/json", headers=extra), False
         if path in ("/healthz", "/-/healthy"):
