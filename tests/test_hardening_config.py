@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -268,3 +269,23 @@ def test_analyze_forks_no_more_processes_than_gpus(recording: Path, monkeypatch:
     monkeypatch.setattr(trace_report, "ProcessPoolExecutor", counting)
     a = trace_report.analyze_range(str(recording), EPOCH, jobs=200)
     assert len(a.gpus) == 2 and asked == [2], asked
+
+
+def test_a_setting_that_changes_only_on_restart_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A reload that sets interval_s = 5 is warned of (it takes a restart); a later reload of a
+    file without it warned again of a change that never was (found by a hostile-input pass): what
+    runs keeps the values it started with."""
+    from gpumon.serve.daemon import Daemon
+
+    started = Config(simulate="healthy")
+    files = [Config(simulate="healthy", interval_s=5.0), Config(simulate="healthy")]
+    d = Daemon(started, reload=lambda: files.pop(0))
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpumon"):
+            d.reload()
+            d.reload()
+    finally:
+        d.pipeline.close()
+    warned = [r.getMessage() for r in caplog.records if "only on restart" in r.getMessage()]
+    assert warned == ["reload: interval_s change only on restart"], warned
+    assert d.cfg.interval_s == 1.0, "the interval it runs at"

@@ -12,6 +12,7 @@ wedged sampler or a hung driver gets the service restarted), RELOADING and STOPP
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -336,7 +337,10 @@ class Daemon:
         if self.web is not None:
             self.web.reconfigure(web)
         self.web_config = web
-        self.cfg = new
+        # what runs: the new settings, but those that change only on restart as they started (a
+        # later reload without them warned again of a change that never was: found by a
+        # hostile-input pass)
+        self.cfg = dataclasses.replace(new, **{k: getattr(self.cfg, k) for k in changed})
         log.info("configuration reloaded")
         self.notifier.ready("configuration reloaded")
 
