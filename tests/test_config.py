@@ -256,3 +256,21 @@ def test_every_setting_is_in_the_configuration_reference_with_its_flag_and_varia
             assert f"`{s.spec.flag}" in rows[key], (key, s.spec.flag)
         if s.spec.env:
             assert f"`{s.spec.env}`" in rows[key], (key, s.spec.env)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "base: &b {a: 1}\nk1:\n  x: &d\n    <<: *b\n    a: 2\nk2:\n  <<: *d\n",  # (review: refused once)
+        "a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n",
+        "a: [1, 2]\nb: {c: {d: 1}}\n",
+    ],
+)
+def test_the_strict_yaml_loader_reads_merge_keys_as_yaml_does(text: str) -> None:
+    """Refusing a key given twice must not refuse YAML's merges (`<<:`), whose keys may be given
+    again: the same document as PyYAML's safe_load."""
+    import yaml
+
+    from gpumon.serve.webconfig import _strict_loader
+
+    assert yaml.load(text, Loader=_strict_loader(yaml)) == yaml.safe_load(text)

@@ -4,6 +4,7 @@ then reads psutil's)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections import namedtuple
 from pathlib import Path
@@ -152,6 +153,16 @@ def test_a_proc_file_is_read_to_its_end_and_no_further_than_the_bound(tmp_path: 
     assert read_proc(str(tmp_path / "empty")) == b""
     with pytest.raises(FileNotFoundError):
         read_proc(str(tmp_path / "missing"))
-    if Path("/proc/self/mountinfo").is_file():
-        with open("/proc/self/mountinfo", "rb") as g:
-            assert read_proc("/proc/self/mountinfo", 1 << 20) == g.read()
+    smaps = "/proc/self/smaps"  # a file of records the kernel hands over a page or so a read
+    if Path(smaps).is_file():
+        fd = os.open(smaps, os.O_RDONLY)
+        try:
+            one_read = len(os.read(fd, 1 << 20))
+        finally:
+            os.close(fd)
+        with open(smaps, "rb") as g:
+            longer = len(g.read()) > one_read  # (a file longer than one read, as here)
+        whole = read_proc(smaps, 1 << 20)
+        if longer:
+            assert len(whole) > one_read, "read to its end, not one read's worth"
+            assert whole.rstrip().split(b"\n")[-1].startswith(b"VmFlags"), "to its last record"

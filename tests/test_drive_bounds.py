@@ -174,6 +174,8 @@ def test_a_replaced_or_shortened_file_is_read_from_its_start(tmp_path: Path) -> 
         "1 inf",  # a step that never ends: the GPU busy for good, no later step taken
         "nan -",  # an interval begun at no time: busy for good
         "1 2 \u00b2",  # a rank int() refuses
+        "1 2 \u0661",  # a rank int() reads as 1 (an Arabic-Indic one): no rank's
+        "\u0661 2",  # a start float() reads as 1
     ],
 )
 def test_a_pid_or_time_that_is_no_such_thing_is_skipped(tmp_path: Path, line: str) -> None:

@@ -385,6 +385,7 @@ def test_a_trickling_server_is_given_up_on_within_the_timeout(
     assert p.returncode == 8 and "no GPU data" in p.stderr
 
 
+@pytest.mark.timeout(30)  # (a FIFO once hung the install: fail, not hang)
 @pytest.mark.parametrize("there", ["fifo", "symlink", "old-plugin"])
 def test_install_replaces_what_stands_at_the_plugins_name_never_writing_through_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, there: str
@@ -411,3 +412,4 @@ def test_install_replaces_what_stands_at_the_plugins_name_never_writing_through_
     assert target.read_bytes() == install.source()
     assert victim.read_text() == "keep me\n"
     assert [p.name for p in target.parent.iterdir()] == ["dstat_gpu.py"], "no temporary file left"
+    assert target.stat().st_mode & 0o777 == 0o644, "readable by every user of dstat"

@@ -329,3 +329,8 @@ def test_a_url_with_credentials_never_shows_them_in_the_training_log(monkeypatch
     w._poll()
     assert len(lines) == 1 and "no daemon at http://***@10.0.0.5:9877" in lines[0], lines
     assert "hunter2" not in lines[0] and "scraper" not in lines[0]
+    monkeypatch.undo()  # the real get: its own errors must not name the URL either (review)
+    for url in ("ftp://user:s3cret@localhost:1", "http://u:s3cret@:9877", "http://user:p@s3cret@localhost:1"):
+        lines.clear()
+        Watch(url=url, log=lines.append, timeout_s=0.5)._poll()
+        assert len(lines) == 1 and "s3cret" not in lines[0], lines

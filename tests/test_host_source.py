@@ -445,3 +445,22 @@ def test_procfs_counts_a_process_as_psutil_does_with_all_its_threads(tmp_path: P
         child.wait()
     with pytest.raises(ProcessLookupError):
         ProcFs().counts(child.pid)
+
+
+def test_procfs_counts_a_process_that_exits_between_its_files_as_gone(tmp_path: Path) -> None:
+    """A loader worker that exits after its stat was read and before its io: gone, as psutil said
+    (read as unknown I/O, it blanked the whole tree's read rate for the tick: found in review);
+    an io file it may not read is unknown I/O, not a gone process."""
+    from gpumon.collect.sources.host import ProcFs
+
+    stat = "123 (python) S " + " ".join(["0"] * 10) + " 250 50 " + " ".join(["0"] * 40) + "\n"
+    (tmp_path / "123").mkdir()
+    (tmp_path / "123" / "stat").write_text(stat)
+    procfs = ProcFs(root=str(tmp_path))
+    with pytest.raises(ProcessLookupError):
+        procfs.counts(123)  # no io file: it has exited
+    (tmp_path / "123" / "io").mkdir()  # there, but not readable as a file
+    (tmp_path / "123" / "schedstat").write_text("1000 2000000000 5\n")
+    got = procfs.counts(123)
+    assert got.read_b is None and got.runq_s == pytest.approx(2.0)
+    assert got.cpu_s == pytest.approx(300 / procfs._tck)

@@ -125,3 +125,25 @@ def test_a_kubelet_device_id_of_other_digits_takes_no_pod_away() -> None:
     kubelet = SimpleNamespace(view=view)
     src = JobSource(Problems(logging.getLogger("test.jobs")), None, cgroups=False, kubelet=kubelet)  # type: ignore[arg-type]
     assert job_ids(src.poll(0.0, gpus(2))) == [[], ["ns/good"]]
+
+
+def test_a_changed_file_beyond_a_ticks_reads_keeps_its_jobs_until_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More changed files than a tick reads: the ones left for the next tick keep the jobs they
+    named (they once lost them for that tick, and attribution flickered: found in review)."""
+    from gpumon.collect.sources import jobs
+
+    monkeypatch.setattr(jobs, "MAX_READS_PER_TICK", 2)
+    prolog, dcgm = dirs(tmp_path)
+    for i in range(4):
+        (dcgm / str(i)).write_text(f"{i}0\n")
+    src = source(prolog, dcgm)
+    src.poll(0.0, gpus(4))  # two files read
+    assert job_ids(src.poll(1.0, gpus(4))) == [["00"], ["10"], ["20"], ["30"]]
+    for i in range(4):  # all four change at once
+        (dcgm / str(i)).write_text(f"{i}1\n")
+        os.utime(dcgm / str(i), ns=(10**18 + i, 10**18 + i))
+    got = job_ids(src.poll(2.0, gpus(4)))
+    assert all(len(ids) == 1 for ids in got), got  # two new, two as last read: none without a job
+    assert job_ids(src.poll(3.0, gpus(4))) == [["01"], ["11"], ["21"], ["31"]]

@@ -299,3 +299,40 @@ def test_a_second_trace_joined_to_a_first_is_still_refused(v1: Path, tmp_path: P
     joined.write_bytes(whole.read_bytes() * 2)
     with pytest.raises(TraceError, match="second header"):
         read_trace(str(joined))
+
+
+def test_the_files_close_waits_for_a_tick_being_written_from_another_thread(tmp_path: Path) -> None:
+    """The sampling thread is inside a tick's write as the main thread closes the file: the end
+    record comes after that tick, and counts it (review: the test above runs on one thread)."""
+    import threading
+
+    from gpumon.core.model import Tick
+    from gpumon.trace.records import make_header
+    from gpumon.trace.writer import open_writer
+
+    path = tmp_path / "t.jsonl.gz"
+    w = open_writer(str(path), make_header({"kind": "simulated"}, 1.0), 3)
+    w.write_tick(Tick(1.0, (), None))
+    inside, release = threading.Event(), threading.Event()
+    real = w._write
+
+    def slow(record: dict, *, sync: bool = True) -> None:
+        if record.get("type") != "end":
+            inside.set()
+            assert release.wait(10)
+        real(record, sync=sync)
+
+    w._write = slow  # type: ignore[method-assign]
+    sampler = threading.Thread(target=w.write_tick, args=(Tick(2.0, (), None),))
+    sampler.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=w.finish, args=("interrupted",))
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "the close waits for the tick being written"
+    release.set()
+    sampler.join(10)
+    closer.join(10)
+    trace = read_trace(str(path))
+    assert [t.t_s for t in trace.ticks] == [1.0, 2.0]
+    assert trace.end is not None and trace.end["ticks"] == 2 and trace.end["t_s"] == 2.0

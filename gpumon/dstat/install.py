@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -42,11 +43,14 @@ def _replace(path: Path, body: bytes) -> None:
     """`body` put at `path` whole: written beside it, then renamed over it. Whatever stood at the
     name is replaced, never written through: a FIFO there hung the install, and a symlink there
     (as root, with --system) would have had another file overwritten."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        os.fchmod(fd, 0o644)  # readable by every user of dstat, whatever the umask
         with os.fdopen(fd, "wb") as f:
             f.write(body)
+            f.flush()
+            os.fsync(f.fileno())  # whole on disk before it takes the name
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

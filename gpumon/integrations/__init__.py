@@ -287,6 +287,7 @@ class Watch:
             if self._reachable is None:  # said once; later failures (a daemon restarting) stay quiet
                 why = getattr(e, "reason", None) or str(e) or type(e).__name__
                 shown = _without_password(self.url)
+                why = str(why).replace(self.url, shown)  # (an error that names the URL names it so)
                 self._say(f"gpumon: no daemon at {shown} ({why}): no GPU starvation reports for this run")
                 self._reachable = False
             return
@@ -417,7 +418,7 @@ def get(url: str, headers: dict[str, str], deadline_s: float, max_bytes: int) ->
     and count bounded), a timer shuts the socket at the deadline."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise ValueError("not an http:// or https:// URL with a host")  # (never the URL: a password)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, parts.port, timeout=deadline_s)
     expired = threading.Event()
@@ -460,9 +461,10 @@ def get(url: str, headers: dict[str, str], deadline_s: float, max_bytes: int) ->
 def _without_password(url: str) -> str:
     """The URL as the training log may show it: what stands before an @ (USER:PASSWORD) hidden."""
     scheme, sep, rest = url.partition("//")
-    if not sep or "@" not in rest.split("/", 1)[0]:
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
         return url
-    return f"{scheme}//***@{rest.split('@', 1)[1]}"
+    return f"{scheme}//***@{authority.rpartition('@')[2]}{slash}{path}"  # (the last @, as urlsplit)
 
 
 def _auth_header() -> dict[str, str]:

@@ -17,7 +17,8 @@ One asyncio event loop on its own thread serves every connection; requests are p
 - Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
   connection closed, so a body can never be read as a next request.
 - bcrypt runs on one worker thread at nice 19 within a CPU budget, never on the event loop; each
-  client address may have two checks pending and the queue is bounded, so a flood of wrong
+  client address may have two checks pending (a retry of credentials turned away passes that, and
+  comes first) and the queue is bounded, so a flood of wrong
   passwords cannot starve scrapers (whose credentials, once checked, are remembered by their
   SHA-256 and cost nothing) nor take more than a tenth of a core.
 

@@ -176,22 +176,31 @@ def _strict_loader(yaml: Any) -> Any:
     strict YAML refuses it too."""
 
     class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<:` merges another mapping in: its keys may be given again
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    duplicate = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: SafeLoader says so itself
-                    continue
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
-                    )
-            return super().construct_mapping(node, deep)
+        def flatten_mapping(self, node: Any) -> Any:
+            # each mapping checked once, as written, before a merge (`<<:`) adds to it: merging
+            # changes the node in place, and its own keys may then be given again legitimately
+            if not hasattr(self, "_checked"):
+                self._checked: set[int] = set()
+            if id(node) not in self._checked:
+                self._checked.add(id(node))
+                _refuse_duplicates(self, node)
+            return super().flatten_mapping(node)
+
+    def _refuse_duplicates(loader: Any, node: Any) -> None:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<:` merges another mapping in: its keys may be given again
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader says so itself
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                )
 
     return StrictLoader
 

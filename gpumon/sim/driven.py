@@ -284,6 +284,8 @@ class DrivenFleet(Fleet):
             return True
         if line.startswith("#") or not line.strip():
             return True  # a note for people
+        if not line.isascii():  # float() and int() read other scripts' digits ("١" is 1)
+            return False
         parts = line.split()
         if not 2 <= len(parts) <= 4:
             return False

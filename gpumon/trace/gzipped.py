@@ -133,7 +133,6 @@ class GzipLines:
                     if not rest.startswith(GZIP_MAGIC[: len(rest)]):
                         # not another gzip member: bytes appended after the stream's end (by
                         # hand, a tool): the records before them stand; how many is said
-                        self.offset += len(chunk) - len(rest)
                         self.trailer_seen = True
                         self.after_end = len(rest)  # (at least: what follows is not read)
                         if pending:

@@ -176,8 +176,8 @@ def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
     if lines.after_end:
         reader.warn(
             "after-end",
-            f"{path}: what follows the end of the compressed stream (byte {lines.offset}) is not a "
-            "trace's: ignored, the records before it read",
+            f"{path}: what follows the end of the compressed stream is not a trace's: ignored, "
+            "the records before it read",
         )
     if not lines.trailer_seen:
         reader.warn(

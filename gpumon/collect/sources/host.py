@@ -1,8 +1,9 @@
-"""Host CPU, iowait, disk reads, and the CPU of each GPU process tree, through `psutil`.
+"""Host CPU, iowait, disk reads, and the CPU of each GPU process tree.
 
 The psutil-like object is injected (the real `psutil`, or the simulator's `gpumon.sim.fakehost`).
-On Linux, the cores' times (gpumon.collect.sources.cpustat) and disk reads (DiskStats) are read
-from /proc directly: psutil's cost grows with the cores and disks, theirs hardly. Reading
+On Linux, the cores' times (gpumon.collect.sources.cpustat), disk reads (DiskStats) and each job
+process's counters (ProcFs.counts) are read from /proc directly: psutil's cost grows with the
+cores, disks and processes, theirs hardly; psutil still finds the processes and their children. Reading
 (cumulative counters) is split from computing rates (`cpu_ratios`, `rate`), which are pure and
 what the tests hit. Rates need two readings: the first `poll` only takes a baseline and
 returns None.
@@ -193,11 +194,15 @@ class ProcFs:
             if at >= 0:
                 end = io.find(b"\n", at + 1)
                 read_b = int(io[at + 12 : end if end > 0 else len(io)])
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessLookupError(pid) from None  # it exited between the reads: gone, as psutil said
         except (OSError, ValueError):
             pass
         runq: float | None = None
         try:
             runq = int(read_proc(base + "schedstat", SMALL, one_record=True).split()[1]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessLookupError(pid) from None
         except (OSError, ValueError, IndexError):
             pass
         return _Counts(cpu_s=cpu_s, read_b=read_b, runq_s=runq, blkio_s=blkio)

@@ -464,11 +464,12 @@ class JobSource:
             except OSError:
                 continue  # removed since it was listed
             stamp = (st.st_mtime_ns, st.st_ctime_ns)  # ctime: a chmod'ed file is read again
-            if cached is None or cached[0] != stamp:
-                if reads >= MAX_READS_PER_TICK:
-                    continue  # read in the next ticks: a tick's cost stays bounded
+            if (cached is None or cached[0] != stamp) and reads < MAX_READS_PER_TICK:
                 reads += 1
                 cached = self._dcgm[entry.name] = (stamp, self._read_dcgm_file(entry.name, entry.path))
+            if cached is None:
+                continue  # read in the next ticks: a tick's cost stays bounded
+            # (a changed file beyond the tick's reads keeps its jobs as last read until its turn)
             for job in cached[1] or ():
                 by_index.setdefault(index, []).append(JobRef("slurm", job, None, None, "dcgm-mapping"))
         return True, None
