@@ -81,9 +81,9 @@ class DurableFile:
 
 
 def _create(path: str, force: bool) -> BinaryIO:
-    """`path` created (or, with `force`, truncated) for writing: a regular file only. Opened
-    without waiting, so a FIFO under the name (with `force`) is refused at once rather than waited
-    on for a reader forever; so is a device, where a trace's fsync would fail later."""
+    """`path` created (or, with `force`, truncated) for writing: a regular file (or a character
+    device: /dev/full tries a full disk). Opened without waiting, so a FIFO under the name (with
+    `force`) is refused at once rather than waited on for a reader forever; so is a socket."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     flags |= os.O_TRUNC if force else os.O_EXCL
     try:
@@ -93,12 +93,17 @@ def _create(path: str, force: bool) -> BinaryIO:
             f"{path}: already exists; choose another -o or pass --force to overwrite it"
         ) from None
     except OSError as e:
-        if e.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK says so instead of waiting
-            raise OutputError(f"{path}: not a regular file (a FIFO): a trace is written to a file") from None
+        if e.errno == errno.ENXIO:  # a FIFO nobody reads, a socket: O_NONBLOCK says so, not a wait
+            try:
+                kind = kind_of(os.stat(path).st_mode)
+            except OSError:
+                kind = "FIFO"
+            why = f"not a regular file (a {kind}): a trace is written to a file"
+            raise OutputError(f"{path}: {why}") from None
         raise OutputError(f"{path}: cannot create: {e.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # (/dev/full: how a full disk is tried)
             raise OutputError(f"{path}: not a regular file (a {kind_of(mode)}): a trace is written to a file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "wb")
