@@ -24,6 +24,7 @@ from gpumon.collect.pipeline.spec import SourceDescription
 from gpumon.collect.sources.replay import ReplayHost, ReplaySource
 from gpumon.core.clock import VirtualClock
 from gpumon.core.errors import TraceError
+from gpumon.core.files import kind_of
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
 from gpumon.detect.remedies import WORKERS_KNOB, Advice, fed
@@ -288,7 +289,11 @@ def analyze_range(
 
     th = thresholds or Thresholds()
     if not os.path.isdir(directory):
-        raise TraceError(directory, None, "no such directory (the recorder's record_dir)")
+        try:
+            what = f"not a directory (a {kind_of(os.stat(directory).st_mode)})"
+        except OSError:
+            what = "no such directory"
+        raise TraceError(directory, None, f"{what}: --from names the recorder's record_dir")
     if until_unix_s <= since_unix_s:
         raise TraceError(directory, None, "the range is empty: --until must be after --since")
     if jobs <= 1:
