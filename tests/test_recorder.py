@@ -257,7 +257,7 @@ def test_analyze_from_says_what_is_there_when_the_range_is_empty(tmp_path: Path)
         (["analyze", "x.jsonl", "--since", "1h"], "--from"),
         (["analyze", "--from", str(tmp_path), "--since", "yesterday"], "--since"),
         (["analyze", "--from", str(tmp_path / "nope")], "no such directory"),
-        (["analyze", "--from", str(next(tmp_path.glob("gpumon-*")))], "not a directory (a regular file)"),
+        (["analyze", "--from", str(next(tmp_path.glob("gpumon-*")))], "not a directory (a file)"),
     ):
         p = gpumon(*args)
         assert p.returncode in (2, 4) and flag in p.stderr and "Traceback" not in p.stderr, p.stderr

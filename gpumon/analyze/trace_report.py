@@ -12,6 +12,7 @@ import logging
 import math
 import multiprocessing
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -290,7 +291,8 @@ def analyze_range(
     th = thresholds or Thresholds()
     if not os.path.isdir(directory):
         try:
-            what = f"not a directory (a {kind_of(os.stat(directory).st_mode)})"
+            mode = os.stat(directory).st_mode
+            what = f"not a directory (a {'file' if stat.S_ISREG(mode) else kind_of(mode)})"
         except OSError:
             what = "no such directory"
         raise TraceError(directory, None, f"{what}: --from names the recorder's record_dir")
