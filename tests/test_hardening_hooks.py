@@ -61,6 +61,9 @@ class Hostile:
                 elif self.then == "trickle-body":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
                     self._trickle(conn, b" " * 100000)
+                elif self.then == "trickle-to-close":  # no length: the body ends with the connection
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+                    self._trickle(conn, b" " * 100000)
                 elif self.then == "endless":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                     chunk = b"100000\r\n" + b"[" * 0x100000 + b"\r\n"
@@ -117,7 +120,7 @@ def started(h: Hostile, lines: list[str]) -> Watch:
     return w
 
 
-@pytest.mark.parametrize("then", ["trickle", "trickle-body"])
+@pytest.mark.parametrize("then", ["trickle", "trickle-body", "trickle-to-close"])
 def test_stop_returns_within_its_deadline_against_a_trickling_daemon(
     hostile: Callable[..., Hostile], then: str
 ) -> None:

@@ -81,7 +81,7 @@ def state(**gpu: Any) -> dict[str, Any]:
 # -- servers that never finish ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("then", ["trickle", "trickle-body"])
+@pytest.mark.parametrize("then", ["trickle", "trickle-body", "trickle-to-close"])
 def test_a_trickling_daemon_is_exit_9_within_the_deadline(
     hostile: Callable[..., Hostile],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
@@ -95,11 +95,16 @@ def test_a_trickling_daemon_is_exit_9_within_the_deadline(
     assert code == EXIT_UNREACHABLE and "no whole answer within 1 s" in err, err
 
 
+@pytest.mark.parametrize("then", ["trickle", "trickle-to-close"])
 def test_a_trickling_prometheus_is_exit_9_within_the_deadline(
     hostile: Callable[..., Hostile],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
+    then: str,
 ) -> None:
-    h = hostile("trickle", honest=0)
+    """(An answer with no length, ending with its connection, was read to its end whatever the
+    deadline: http.client hands such a socket to the response, out of the cut's reach; found by a
+    hostile-input pass.)"""
+    h = hostile(then, honest=0)
     code, _, err = report(capsys, "--prometheus", h.url, "--timeout", "1")
     assert time.monotonic() < h.trickle_ends
     assert code == EXIT_UNREACHABLE and "no whole answer" in err, err

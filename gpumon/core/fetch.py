@@ -69,21 +69,26 @@ def get(
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, port, timeout=deadline_s)
     expired = threading.Event()
+    connected: list[socket.socket] = []
+    """The socket, kept from the connect: an answer that ends with its connection (no length) takes
+    it from `conn` (http.client leaves conn.sock None), and the cut must still reach it."""
 
     def cut() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        for sock in [*connected, conn.sock]:
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     timer = threading.Timer(deadline_s, cut)
     timer.daemon = True
     timer.start()
     try:
         conn.connect()
+        if conn.sock is not None:
+            connected.append(conn.sock)
         if expired.is_set():
             raise TimeoutError()
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

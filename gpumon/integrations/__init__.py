@@ -422,21 +422,26 @@ def get(url: str, headers: dict[str, str], deadline_s: float, max_bytes: int) ->
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, parts.port, timeout=deadline_s)
     expired = threading.Event()
+    connected: list[socket.socket] = []
+    """The socket from the connect: an answer that ends with its connection takes it from `conn`
+    (http.client leaves conn.sock None), and the cut must still reach it."""
 
     def cut() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        for sock in [*connected, conn.sock]:
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     timer = threading.Timer(deadline_s, cut)
     timer.daemon = True
     timer.start()
     try:
         conn.connect()
+        if conn.sock is not None:
+            connected.append(conn.sock)
         if expired.is_set():
             raise TimeoutError(f"no answer within {deadline_s:g} s")
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
