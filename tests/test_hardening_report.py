@@ -251,3 +251,23 @@ def test_credentials_that_are_not_utf8_are_sent_as_given(
     monkeypatch.setenv("GPUMON_BASIC_AUTH", os.fsdecode(b"u:\xff"))
     assert report(capsys, "--url", server.url)[0] == 0
     assert server.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"u:\xff").decode()
+
+
+def test_samples_of_no_value_from_prometheus_never_reach_the_report(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN and infinite samples (values, or times) were taken: the text said `wasted: -inf
+    GPU-hours` and `--json` wrote -Infinity, which is not JSON (found by a hostile-input pass)."""
+    metric = {"gpu": "0", "job_id": "7", "instance": "n1", "uuid": "GPU-1", "state": "starved"}
+    values = '[[1700000000, "1"], [1700000015, "NaN"], ["Inf", "1"], [1e400, "-Inf"], [1700000030, "-Inf"]]'
+    series = '{"metric": ' + json.dumps(metric) + ', "values": ' + values + "}"
+    head = '{"status": "success", "data": {"resultType": "matrix", "result": ['
+    server.body = (head + series + "]}}").encode()
+    code, out, err = report(capsys, "--prometheus", server.url, "--json")
+    assert code == 0, err
+
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    doc = json.loads(out, parse_constant=no_constant)
+    assert doc["gpus"] and all(abs(g["wasted_gpu_s"]) < 1e12 for g in doc["gpus"]), doc["gpus"]

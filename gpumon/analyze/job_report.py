@@ -361,6 +361,8 @@ def _prom(
             for r in result
         ):
             raise ValueError("data.result is not a list of series")
+        for r in result:  # samples at no time, or of no value (NaN, +Inf): none of gpumon's
+            r["values"] = [(t, v) for t, v in r["values"] if _finite(t) and _finite(v)]
     return result
 
 
@@ -463,6 +465,12 @@ def _from_prometheus(
         if sum(by_label.values()) >= min(120.0, total / 4)
     ]
     return rep
+
+
+def _finite(x: Any) -> bool:
+    """A sample's time or value as Prometheus writes them ("1.5", "NaN", "+Inf"): a finite number.
+    ValueError (the answer's shape is wrong) for one that is no number at all."""
+    return math.isfinite(float(x))
 
 
 def _escape(value: str) -> str:
