@@ -158,6 +158,9 @@ class KubeletClient:
                 "extra", f"the k8s extra is not installed ({e.name}): pip install 'gpumon-datastall[k8s]'"
             ) from None
         if self._channel is None:
+            # grpcio logs its own traceback for an answer it cannot decode, at every refresh; gpumon
+            # says what is wrong once (_KubeletDown), so its log is gpumon's lines only
+            logging.getLogger("grpc._common").setLevel(logging.CRITICAL)
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         request = api_pb2.ListPodResourcesRequest()  # type: ignore[attr-defined]
