@@ -204,6 +204,37 @@ def test_check_config_accepts_a_good_web_config(tmp_path: Path, capsys: pytest.C
     assert code == 0, err
 
 
+def test_tls_files_are_read_beside_the_web_config_and_named_when_they_cannot_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative cert_file is read from the web config's directory, as exporter-toolkit reads it
+    (it was read from the working directory: / under systemd); a missing or huge one is named
+    (OpenSSL's own error says no file). Found by a hostile-input pass."""
+    import subprocess
+
+    from gpumon.serve.webconfig import WebConfigError, load_web_config
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "k.pem"),
+         "-out", str(pki / "c.pem"), "-days", "1", "-subj", "/CN=localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: pki/c.pem\n  key_file: pki/k.pem\n")
+    monkeypatch.chdir("/")
+    load_web_config(str(web)).ssl_context()  # found beside the file, from anywhere
+    web.write_text("tls_server_config:\n  cert_file: pki/c.pem\n  key_file: pki/missing.pem\n")
+    with pytest.raises(WebConfigError, match=r"key_file .*missing.pem: No such file"):
+        load_web_config(str(web)).ssl_context()
+    with open(pki / "big.pem", "wb") as f:
+        f.truncate(2 << 20)
+    web.write_text("tls_server_config:\n  cert_file: pki/big.pem\n  key_file: pki/k.pem\n")
+    with pytest.raises(WebConfigError, match=r"cert_file .*big.pem: larger than 1 MiB"):
+        load_web_config(str(web)).ssl_context()
+
+
 def test_environment_values_get_the_same_checks(tmp_path: Path) -> None:
     from gpumon.config.settings import ConfigError
 

@@ -141,6 +141,17 @@ class WebConfig(NamedTuple):
             kind = _not_regular(tls_file)
             if kind is not None:  # OpenSSL would block on a FIFO, or read a device for ever
                 raise WebConfigError(f"{where}: tls_server_config.{key} {tls_file} is a {kind}, not a file")
+            if tls_file is None:
+                continue
+            try:  # named here: OpenSSL's own errors do not say which file
+                size = os.stat(tls_file).st_size
+                with open(tls_file, "rb"):
+                    pass
+            except OSError as e:
+                raise WebConfigError(f"{where}: tls_server_config.{key} {tls_file}: {e.strerror}") from None
+            if size > MAX_TLS_FILE_BYTES:
+                too_large = "larger than 1 MiB, not a certificate or key"
+                raise WebConfigError(f"{where}: tls_server_config.{key} {tls_file}: {too_large}")
         try:
             ctx.load_cert_chain(self.cert_file or "", self.key_file, password=no_passphrase)
         except (OSError, ssl.SSLError) as e:
@@ -156,6 +167,18 @@ class WebConfig(NamedTuple):
 
 MAX_WEB_CONFIG_BYTES = 1 << 20
 """A web config file is a few hundred bytes: beyond this it is refused unread."""
+
+
+def _beside(config: str, file: str | None) -> str | None:
+    """A file the web config names: a relative path is read from the config file's directory, as
+    exporter-toolkit reads it (under systemd the working directory is /)."""
+    if file is None or os.path.isabs(file):
+        return file
+    return os.path.join(os.path.dirname(os.path.abspath(config)), file)
+
+
+MAX_TLS_FILE_BYTES = 1 << 20
+"""A certificate chain or key is a few KB: a larger file is refused before OpenSSL reads it."""
 
 
 def _not_regular(path: str | None) -> str | None:
@@ -249,10 +272,10 @@ def load_web_config(path: str | None) -> WebConfig:
             )
         hashes[str(user)] = hashed.encode()
 
-    cert, key = p.string(tls, "cert_file"), p.string(tls, "key_file")
+    cert, key = _beside(path, p.string(tls, "cert_file")), _beside(path, p.string(tls, "key_file"))
     if bool(cert) != bool(key):
         raise WebConfigError(f"{path}: tls_server_config needs both cert_file and key_file")
-    ca = p.string(tls, "client_ca_file")
+    ca = _beside(path, p.string(tls, "client_ca_file"))
     auth_name = p.string(tls, "client_auth_type") or ("RequireAndVerifyClientCert" if ca else "NoClientCert")
     if auth_name in REFUSED_CLIENT_AUTH:
         raise WebConfigError(
