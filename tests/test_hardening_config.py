@@ -287,5 +287,5 @@ def test_a_setting_that_changes_only_on_restart_is_warned_of_once(caplog: pytest
     finally:
         d.pipeline.close()
     warned = [r.getMessage() for r in caplog.records if "only on restart" in r.getMessage()]
-    assert warned == ["reload: interval_s change only on restart"], warned
+    assert warned == ["reload: interval_s: takes effect only on restart"], warned
     assert d.cfg.interval_s == 1.0, "the interval it runs at"

@@ -885,3 +885,54 @@ def test_a_tls_handshake_never_finished_holds_a_small_buffer(tmp_path: Path) -> 
         for s in held:
             s.close()
         web.stop()
+
+
+def test_a_reload_applies_the_tls_settings_to_new_connections(tmp_path: Path) -> None:
+    """SIGHUP with `min_version: TLS13` said "configuration reloaded" and TLS 1.2 clients were
+    still served: only the new certificate was loaded into the old context (found by a
+    hostile-input pass). New connections get the new context, whole."""
+    import time as _time
+
+    from gpumon.serve.webconfig import load_web_config
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+         str(cert), "-days", "1", "-subj", "/CN=localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    web_yml = tmp_path / "web.yml"
+    web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    routes = http.Routes(
+        metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
+        state=dict,
+        health=lambda: (True, "ok"),
+        landing=lambda: "gpumon",
+    )
+    web = http.WebServer(("127.0.0.1", 0), routes, load_web_config(str(web_yml)))
+    web.start()
+
+    def tls12_handshake() -> bool:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", web.port), timeout=10) as raw,
+                ctx.wrap_socket(raw) as s,
+            ):
+                return s.version() == "TLSv1.2"
+        except (ssl.SSLError, OSError):
+            return False
+
+    try:
+        assert tls12_handshake()
+        tls = f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+        web_yml.write_text(tls + "  min_version: TLS13\n")
+        web.reconfigure(load_web_config(str(web_yml)))
+        deadline = _time.monotonic() + 10
+        while tls12_handshake() and _time.monotonic() < deadline:
+            _time.sleep(0.05)  # (applied on the server's own thread)
+        assert not tls12_handshake(), "a TLS 1.2 client refused once TLS 1.3 is the least"
+    finally:
+        web.stop()

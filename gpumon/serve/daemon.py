@@ -329,7 +329,7 @@ class Daemon:
             k for k, s in SETTINGS.items() if not s.spec.reloads and getattr(new, k) != getattr(self.cfg, k)
         ]
         if changed or web.tls != self.web_config.tls:
-            log.warning("reload: %s change only on restart", ", ".join(changed) or "turning TLS on or off")
+            log.warning("reload: %s: takes effect only on restart", ", ".join(changed) or "TLS on or off")
         if new.thresholds != self.cfg.thresholds and self.recent is not None:
             self.recent.thresholds_changed(self.clock.now() + self._unix_offset())
         self.pipeline.set_thresholds(new.thresholds)

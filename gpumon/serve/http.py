@@ -559,7 +559,8 @@ class WebServer:
             conn.close()  # a handshake that failed or never came, or the server stopping
 
     def reconfigure(self, web: WebConfig) -> None:
-        """SIGHUP: new users and certificates apply to new connections."""
+        """SIGHUP: new users, certificates and TLS settings (versions, ciphers, client CA) apply to
+        new connections (TLS turned on or off takes a restart: the daemon says so)."""
         ctx = web.ssl_context() if web.tls else None
 
         def apply() -> None:
@@ -567,8 +568,9 @@ class WebServer:
             self.auth.close()
             self.auth = Authenticator(web.users, previous=self.auth)
             if ctx is not None and self._ssl is not None:
-                # the listening sockets keep their context object: load the new material into it
-                self._ssl.load_cert_chain(web.cert_file or "", web.key_file)
+                # each accepted connection is wrapped with the context of the moment: the new one,
+                # whole (loading only the new certificate into the old one kept its min_version)
+                self._ssl = ctx
 
         self._loop.call_soon_threadsafe(apply)
 
