@@ -30,6 +30,7 @@ never call NVML. TLS and basic auth follow exporter-toolkit's web config file (g
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import base64
 import binascii
 import collections
@@ -387,11 +388,9 @@ def _small_tls_buffers() -> None:
     """asyncio's SSLProtocol reads into a buffer of its class attribute `max_size` (Python 3.11 to
     3.13): set once for the process; a Python without it is left as it is."""
     try:
-        import asyncio.sslproto as sslproto
-
-        if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:
-            sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
-    except (ImportError, AttributeError, TypeError):
+        if getattr(asyncio.sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:
+            asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+    except (AttributeError, TypeError):
         pass
 
 
