@@ -822,13 +822,7 @@ def test_gzip_is_sent_only_where_the_accept_encoding_header_takes_it(header: str
 def test_a_request_in_absolute_form_is_served_as_its_path() -> None:
     """`GET http://host:9877/metrics HTTP/1.1` (a proxy's form, which a server must accept: RFC 9112
     3.2.2) was a 404 (found by a hostile-input pass)."""
-    routes = http.Routes(
-        metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
-        state=dict,
-        health=lambda: (True, "ok"),
-        landing=lambda: "gpumon",
-    )
-    web = http.WebServer(("127.0.0.1", 0), routes, WebConfig())
+    web = http.WebServer(("127.0.0.1", 0), _up_routes(), WebConfig())
     web.start()
     try:
         for target in (f"http://127.0.0.1:{web.port}/metrics", "HTTP://gpumon/metrics?x=1"):
@@ -842,14 +836,8 @@ def test_a_request_in_absolute_form_is_served_as_its_path() -> None:
         web.stop()
 
 
-def test_a_tls_handshake_never_finished_holds_a_small_buffer(tmp_path: Path) -> None:
-    """asyncio's TLS layer gave each connection a 256 KiB read buffer: 1,500 connects without a
-    handshake took the daemon to 190 MB, 3,000 half-open ones to 980 MB (found by a hostile-input
-    pass). Python's own memory per connection still in its handshake stays small."""
-    import tracemalloc
-
-    from gpumon.serve.webconfig import load_web_config
-
+def _self_signed(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A certificate and key for localhost, and a web config serving TLS with them."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
@@ -858,12 +846,29 @@ def test_a_tls_handshake_never_finished_holds_a_small_buffer(tmp_path: Path) -> 
     )  # fmt: skip
     web_yml = tmp_path / "web.yml"
     web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    routes = http.Routes(
+    return cert, key, web_yml
+
+
+def _up_routes() -> http.Routes:
+    """Routes whose /metrics says `up 1` (an in-process WebServer's, for the HTTP side's tests)."""
+    return http.Routes(
         metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
         state=dict,
         health=lambda: (True, "ok"),
         landing=lambda: "gpumon",
     )
+
+
+def test_a_tls_handshake_never_finished_holds_a_small_buffer(tmp_path: Path) -> None:
+    """asyncio's TLS layer gave each connection a 256 KiB read buffer: 1,500 connects without a
+    handshake took the daemon to 190 MB, 3,000 half-open ones to 980 MB (found by a hostile-input
+    pass). Python's own memory per connection still in its handshake stays small."""
+    import tracemalloc
+
+    from gpumon.serve.webconfig import load_web_config
+
+    _, _, web_yml = _self_signed(tmp_path)
+    routes = _up_routes()
     web = http.WebServer(("127.0.0.1", 0), routes, load_web_config(str(web_yml)))
     web.start()
     held: list[socket.socket] = []
@@ -895,20 +900,8 @@ def test_a_reload_applies_the_tls_settings_to_new_connections(tmp_path: Path) ->
 
     from gpumon.serve.webconfig import load_web_config
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-         str(cert), "-days", "1", "-subj", "/CN=localhost"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    web_yml = tmp_path / "web.yml"
-    web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    routes = http.Routes(
-        metrics=lambda accept, gz: (b"up 1\n", "text/plain", None),
-        state=dict,
-        health=lambda: (True, "ok"),
-        landing=lambda: "gpumon",
-    )
+    cert, key, web_yml = _self_signed(tmp_path)
+    routes = _up_routes()
     web = http.WebServer(("127.0.0.1", 0), routes, load_web_config(str(web_yml)))
     web.start()
 

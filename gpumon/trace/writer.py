@@ -20,7 +20,48 @@ def _line(record: dict[str, Any]) -> bytes:
     return json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
-class TraceWriter:
+class _Gated:
+    """A tick's write and the file's close exclude each other (`_gate`): a tick from a sampling
+    thread still running as the file closes is dropped, never written after the end record. The
+    versions write a tick (`_write_tick`) and end the file (`_end`) each their own way."""
+
+    ticks: int
+    last_t_s: float | None
+    """The last tick written's time, as the end record gives it."""
+
+    def _start_gate(self) -> None:
+        self._gate = threading.Lock()
+        self._closed = False
+
+    def write_tick(self, tick: Tick) -> None:
+        with self._gate:
+            if not self._closed:
+                self._write_tick(tick)
+
+    def close(self, t_s: float | None, reason: str | None) -> None:
+        """Write the end record (none when `reason` is None) and close. After a failed write, only
+        release the file: the error the user sees is that first one (exit 5), not a second from here."""
+        with self._gate:
+            self._close(t_s, reason)
+
+    def finish(self, reason: str) -> None:
+        """Close with the end record at the last tick written (a tick still being taken is not)."""
+        with self._gate:
+            self._close(self.last_t_s, reason)
+
+    def _close(self, t_s: float | None, reason: str | None) -> None:
+        if not self._closed:
+            self._closed = True
+            self._end(t_s, reason)
+
+    def _write_tick(self, tick: Tick) -> None:
+        raise NotImplementedError
+
+    def _end(self, t_s: float | None, reason: str | None) -> None:
+        raise NotImplementedError
+
+
+class TraceWriter(_Gated):
     """Version 1: a JSON line per record."""
 
     def __init__(
@@ -28,12 +69,8 @@ class TraceWriter:
     ) -> None:
         self.path = path
         self.ticks = 0
-        self.last_t_s: float | None = None
-        """The last tick written's t_s (version 1 writes the caller's clock)."""
-        self._gate = threading.Lock()
-        """Held by a tick's write and by close: a tick from a sampling thread still running as the
-        file closes is dropped, never written after the end record."""
-        self._closed = False
+        self.last_t_s = None  # (version 1 writes the caller's clock)
+        self._start_gate()
         self._out = DurableFile(path, force=force, fsync_every_s=fsync_every_s)
         self._write({**header, "version": 1})
 
@@ -48,36 +85,19 @@ class TraceWriter:
         except OutputError as e:
             raise OutputError(f"{e}; the {self.ticks} ticks before are kept") from None
 
-    def write_tick(self, tick: Tick) -> None:
-        with self._gate:
-            if self._closed:
-                return
-            self._write(tick_to_dict(tick))
-            self.ticks += 1
-            self.last_t_s = tick.t_s
+    def _write_tick(self, tick: Tick) -> None:
+        self._write(tick_to_dict(tick))
+        self.ticks += 1
+        self.last_t_s = tick.t_s
 
-    def close(self, t_s: float | None, reason: str | None) -> None:
-        """Write the end record (none when `reason` is None) and close. After a failed write, only
-        release the file: the error the user sees is that first one (exit 5), not a second from here."""
-        with self._gate:
-            self._close(t_s, reason)
-
-    def finish(self, reason: str) -> None:
-        """Close with the end record at the last tick written (a tick still being taken is not)."""
-        with self._gate:
-            self._close(self.last_t_s, reason)
-
-    def _close(self, t_s: float | None, reason: str | None) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _end(self, t_s: float | None, reason: str | None) -> None:
         end = b""
         if reason is not None and not self._out.failed:
             end = _line({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
         self._out.close(end)
 
 
-class TraceWriterV2:
+class TraceWriterV2(_Gated):
     """Version 2: the same records, compact, in one gzip stream, made decodable on disk after every
     record, or (`sync_every_s`) once the ticks not yet on disk span that many seconds."""
 
@@ -99,15 +119,12 @@ class TraceWriterV2:
         at once. The header always goes at once, so the file is a trace from its start."""
         self.path = path
         self.ticks = 0
-        self.last_t_s: float | None = None
-        """The file's own time of the last tick written."""
+        self.last_t_s = None  # (the file's own time)
         self._origin = origin_s
         self._sync_every_s = sync_every_s
         self._synced_t_s: float | None = None
         """The file's time of the last tick handed to the OS (None: none written yet)."""
-        self._gate = threading.Lock()
-        """As TraceWriter's: no tick is written after the end record."""
-        self._closed = False
+        self._start_gate()
         self._out = GzipRecordWriter(path, force=force, fsync_every_s=fsync_every_s)
         if version not in (2, 3):
             raise ValueError(f"TraceWriterV2 writes versions 2 and 3, not {version}")
@@ -133,11 +150,6 @@ class TraceWriterV2:
             return OutputError(f"{e}; the ticks before the last {self._sync_every_s:g} s are kept")
         return OutputError(f"{e}; the {self.ticks} ticks before are kept")
 
-    def write_tick(self, tick: Tick) -> None:
-        with self._gate:
-            if not self._closed:
-                self._write_tick(tick)
-
     def _write_tick(self, tick: Tick) -> None:
         t_s = round(tick.t_s - self._origin, 6)
         if self._synced_t_s is None:
@@ -161,20 +173,8 @@ class TraceWriterV2:
         """False once the file was removed or replaced behind the writer's back."""
         return self._out.still_at_path()
 
-    def close(self, t_s: float | None, reason: str | None) -> None:
+    def _end(self, t_s: float | None, reason: str | None) -> None:
         """`t_s` on the file's own clock (`last_t_s`); no end record when `reason` is None."""
-        with self._gate:
-            self._close(t_s, reason)
-
-    def finish(self, reason: str) -> None:
-        """Close with the end record at the last tick written (a tick still being taken is not)."""
-        with self._gate:
-            self._close(self.last_t_s, reason)
-
-    def _close(self, t_s: float | None, reason: str | None) -> None:
-        if self._closed:
-            return
-        self._closed = True
         try:
             if not self._out.failed and reason is not None:
                 self._write({"type": "end", "t_s": t_s, "ticks": self.ticks, "reason": reason})
