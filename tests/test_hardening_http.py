@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpumon.serve.http import _bind
+
 from . import hostile
 from .conftest import ROOT, free_port
 
@@ -179,6 +181,19 @@ def test_the_sample_age_is_computed_when_scraped(served: Served) -> None:
         bodies.append(float(re.search(rb"\ngpumon_last_sample_age_seconds (\S+)", out).group(1)))  # type: ignore[union-attr]
         time.sleep(0.3)
     assert bodies[0] != bodies[1], "the age moves between two scrapes of the same sample"
+
+
+def test_a_listening_host_given_by_name_is_resolved() -> None:
+    """`listen: localhost:9877` binds where the name resolves (an ASCII name is looked up as bytes:
+    gpumon.serve.http._bind)."""
+    (s,) = _bind("localhost", 0)
+    try:
+        host, port = s.getsockname()[:2]
+        assert host in ("127.0.0.1", "::1")
+        with socket.create_connection((host, port), timeout=5):
+            pass
+    finally:
+        s.close()
 
 
 def test_ipv6_and_dual_stack(tmp_path: Path) -> None:

@@ -882,7 +882,10 @@ def _bind(host: str, port: int) -> list[socket.socket]:
                 s.close()
         host = "0.0.0.0"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM) if family == socket.AF_INET else None
+    # an ASCII name as bytes: a str is encoded by the idna codec, whose import (stringprep,
+    # unicodedata) was ~2 ms of every start before the first sample could be served
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    infos = socket.getaddrinfo(name, port, family, socket.SOCK_STREAM) if family == socket.AF_INET else None
     addr: tuple[Any, ...] = infos[0][4] if infos else (host, port)
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
