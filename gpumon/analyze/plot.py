@@ -67,7 +67,8 @@ def plot(a: Analysis, path: str, marks: tuple[tuple[float, str], ...] = ()) -> N
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
-        raise OutputError(f"{path}: cannot write the plot: {e.strerror}") from None
+        # (not every OSError has a strerror: a FIFO's is "not seekable", once shown as "None")
+        raise OutputError(f"{path}: cannot write the plot: {e.strerror or e}") from None
     finally:
         plt.close(fig)
 

@@ -296,6 +296,10 @@ def analyze_range(
         except OSError:
             what = "no such directory"
         raise TraceError(directory, None, f"{what}: --from names the recorder's record_dir")
+    try:  # (a listing that fails reads as no segments: "no recorder segments here" was wrong)
+        os.scandir(directory).close()
+    except OSError as e:
+        raise TraceError(directory, None, f"cannot list the directory: {e.strerror}") from None
     if until_unix_s <= since_unix_s:
         raise TraceError(directory, None, "the range is empty: --until must be after --since")
     if jobs <= 1:
@@ -405,16 +409,22 @@ def _nothing_between(span: Span) -> str:
         return f"{asked}: no recorder segments here (gpumon-*.jsonl.gz)"
     if span.skipped_segments:
         # every segment that might have held them is damaged: say which, first
-        first = next((w for w in span.warnings if "skipped" in w), "")
-        return f"{asked}: {span.skipped_segments} segment(s) could not be read ({first})"
+        return f"{asked}: {span.skipped_segments} segment(s) could not be read ({span.first_skipped})"
     return (
         f"{asked}: the recording here spans {_iso(segments[0].start_unix_s)} to about now or its last segment"
     )
 
 
 def _iso(unix_s: float) -> str:
-
-    return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
+    """Local time; UTC for a time that local time cannot write (a segment named 9999-12-31T23:59:59Z
+    is in the year 10000 east of Greenwich: it ended an empty range's message with exit 1)."""
+    try:
+        return datetime.datetime.fromtimestamp(unix_s).astimezone().isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):
+        try:
+            return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="seconds")
+        except (ValueError, OverflowError, OSError):
+            return f"{unix_s:.0f} (Unix time)"
 
 
 def _from(episodes: list[Episode], start_s: float, wasted_before: float) -> list[Episode]:
@@ -631,7 +641,9 @@ def render_text(a: Analysis) -> str:
         fix = g.fix
         if fix is not None:
             lines += fix_lines(fix)
-    return "\n".join(lines)
+    # a line each: a newline in a name, a job or the source from the trace ("A100\n  verdict:
+    # HEALTHY") printed a line of its own (the CLI's printable() shows the other controls as '?')
+    return "\n".join(line.replace("\n", "?") for line in lines)
 
 
 def render_warnings(a: Analysis) -> str:

@@ -57,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         writer.close(last, None)  # what was converted stays readable; the error says where it stopped
         raise
-    writer.close(end.get("t_s", last) if end else last, end.get("reason", "converted") if end else None)
+    # the end record as the format has it (a number or null, a word), whatever IN's held
+    end_t = end.get("t_s") if end else None
+    end_t = end_t if type(end_t) in (int, float) else last
+    reason = end.get("reason") if end else None
+    reason = reason if isinstance(reason, str) and reason.isprintable() and len(reason) <= 64 else "converted"
+    writer.close(end_t, reason if end else None)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     note = "" if end else " (IN had no end record: OUT has none either)"

@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from gpumon.core.model import Tick
-from gpumon.trace.records import BadRecord, gpu_to_dict, host_to_dict
+from gpumon.trace.records import MAX_GPUS_IN_A_TRACE, BadRecord, gpu_to_dict, host_to_dict, shown
 
 _MISSING = object()
 
@@ -276,6 +276,12 @@ def _changes(prev: dict[str, Any] | None, full: dict[str, Any], skip: tuple[str,
     return out
 
 
+MAX_FIELDS = 256
+"""Fields a GPU or the host may hold in a version 2 trace (gpumon writes about 30): each tick
+inherits every field before it, so a trace adding a new one per tick cost time growing with the
+square of its ticks (20,000 ticks: 5 s; found by a hostile-input pass)."""
+
+
 class Decoder:
     def __init__(self, names: dict[str, str] | None = None) -> None:
         """`names`: a version 3 header's table (its records' short names), None for version 2."""
@@ -290,7 +296,7 @@ class Decoder:
             rec = expand(rec, self._names)
         dt = rec.get("dt_us")
         if not isinstance(dt, int) or isinstance(dt, bool) or dt < 0 or dt > 1e17:
-            raise BadRecord(f"field 'dt_us' must be a whole number of microseconds >= 0, got {dt!r}")
+            raise BadRecord(f"field 'dt_us' must be a whole number of microseconds >= 0, got {shown(dt)}")
         t_us = self._t_us + dt
         self._t_us = t_us
         gpus_in = rec.get("gpus")
@@ -302,12 +308,18 @@ class Decoder:
                 raise BadRecord("each entry of 'gpus' must be an object")
             index = d.get("index")
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 1 << 31:
-                raise BadRecord(f"field 'index' must be a whole number, got {index!r}")
+                raise BadRecord(f"field 'index' must be a whole number, got {shown(index)}")
             mig = d.get("mig")
             if mig is not None and (type(mig) is not int or not 0 <= mig < 1 << 31):
-                raise BadRecord(f"field 'mig' must be a whole number (a GPU instance id), got {mig!r}")
+                raise BadRecord(f"field 'mig' must be a whole number (a GPU instance id), got {shown(mig)}")
             full = dict(self._gpus.get((index, mig)) or {})
             full.update((k, v) for k, v in d.items() if k != "util_history")
+            if len(full) > MAX_FIELDS:
+                raise BadRecord(
+                    f"GPU {index} has more than {MAX_FIELDS} fields: not a trace this gpumon reads"
+                )
+            if (index, mig) not in self._gpus and len(self._gpus) >= MAX_GPUS_IN_A_TRACE:
+                raise BadRecord(f"more than {MAX_GPUS_IN_A_TRACE} GPUs in one trace: refused")
             self._gpus[(index, mig)] = full
             gpus.append({**full, "util_history": _history(d.get("util_history"), t_us)})
         out: dict[str, Any] = {"type": "tick", "t_s": t_us / 1e6, "gpus": gpus}
@@ -319,6 +331,8 @@ class Decoder:
             out["host"] = None
         elif isinstance(host, dict):
             merged = {**(self._host or {}), **host}
+            if len(merged) > MAX_FIELDS:
+                raise BadRecord(f"the host has more than {MAX_FIELDS} fields: not a trace this gpumon reads")
             self._host = merged
             out["host"] = merged
         else:
@@ -338,7 +352,7 @@ def _history(flat: Any, t_us: int) -> list[list[float]]:
     for i in range(0, len(flat), 2):
         dt, util = flat[i], flat[i + 1]
         if not isinstance(dt, int) or isinstance(dt, bool) or abs(dt) > 1e17:
-            raise BadRecord(f"util_history times must be whole microseconds, got {dt!r}")
+            raise BadRecord(f"util_history times must be whole microseconds, got {shown(dt)}")
         last += dt
         pairs.append([last / 1e6, util])
     return pairs

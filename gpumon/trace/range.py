@@ -22,6 +22,7 @@ from typing import Any
 
 from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick, UtilPoint
+from gpumon.core.timepoints import EARLIEST_S, LATEST_S
 from gpumon.trace.reader import iter_trace
 from gpumon.trace.segments import Segment, list_segments
 
@@ -44,6 +45,9 @@ class Span:
     overlapping: int = 0
     skipped_segments: int = 0
     """Segments that could not be read (or not whole): each is named in the warnings."""
+    first_skipped: str | None = None
+    """Why the first of them was skipped (what an empty range says; a stray file named like a
+    segment is only warned of)."""
     warnings: list[str] = field(default_factory=list)
     more_warnings: int = 0
     after_until_unix_s: float | None = None
@@ -124,13 +128,25 @@ def _ticks(
             started = header.get("started_unix_s")
             if not isinstance(started, (int, float)):
                 raise TraceError(seg.path, 1, "the header has no started_unix_s: cannot place it in time")
+            if not EARLIEST_S <= started <= LATEST_S:  # (a date in 14645 once ended the report, exit 1)
+                raise TraceError(
+                    seg.path,
+                    1,
+                    f"started_unix_s {started:g} is not a time from 1970 to 9999: cannot place it",
+                )
             if span.header is None:
                 span.header = header
             for item in items:
                 if not isinstance(item, Tick):
                     continue
-                read += 1
                 unix = started + item.t_s
+                if not EARLIEST_S <= unix <= LATEST_S:
+                    raise TraceError(
+                        seg.path,
+                        None,
+                        f"a tick at t_s {item.t_s:g} falls outside 1970 to 9999: cannot place it in time",
+                    )
+                read += 1
                 if unix < span.since_unix_s:
                     continue
                 if unix >= span.until_unix_s:  # since <= t < until
@@ -149,6 +165,8 @@ def _ticks(
             span.skipped_segments += 1
             kept = f"its first {read} tick(s) read, the rest" if read else "segment"
             warnings.append(f"{e}: {kept} skipped")
+            if span.first_skipped is None:
+                span.first_skipped = warnings[-1]
         if seg.path == newest:  # being written, most likely: no end yet is no news
             warnings = [w for w in warnings if "without its end" not in w and "partial last record" not in w]
         for w in warnings:

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpumon.core.errors import TraceError
 from gpumon.core.files import NotRegularFile, open_regular
-from gpumon.core.model import Tick
+from gpumon.core.model import GpuSample, Tick
 from gpumon.trace.compact import Decoder, names_from_header
 from gpumon.trace.gzipped import GZIP_MAGIC, MAX_RATIO, GzipLines, TooCompressed
 from gpumon.trace.records import (
@@ -27,6 +27,7 @@ from gpumon.trace.records import (
     MIN_INTERVAL_S,
     VERSION,
     BadRecord,
+    shown,
     tick_from_dict,
 )
 
@@ -128,6 +129,8 @@ def iter_trace(
                     )
             if lineno == 0:
                 raise TraceError(path, None, "empty file: not a gpumon trace")
+        except OSError as e:  # a bad sector (EIO), a file gone from NFS: the file's, not a bug (exit 1)
+            raise TraceError(path, None, f"cannot read: {e.strerror or e}") from None
         finally:
             reader.finish()
 
@@ -201,7 +204,7 @@ class _Reader:
         self._kinds: dict[str, int] = {}
         self.ignored = 0
         """Records of unknown types since the last known one."""
-        self._gpus_seen: set[tuple[int, str | None]] = set()
+        self._gpus_seen: set[tuple[int, int | None, str | None]] = set()
 
     def warn(self, kind: str, text: str) -> None:
         """A warning, kept when it is among the first WARNINGS_PER_KIND of its kind."""
@@ -275,8 +278,7 @@ class _Reader:
                 self.warn("repeated t_s", f"{path}:{lineno}: repeated t_s {tick.t_s:g}: tick dropped")
                 return
             self.last_t = tick.t_s
-            self._count_gpus(lineno, tick)
-            yield tick
+            yield self._count_gpus(lineno, tick)
         elif kind == "end":
             yield record
         elif kind == "header":
@@ -292,26 +294,41 @@ class _Reader:
             return
         self.ignored = 0
 
-    def _count_gpus(self, lineno: int, tick: Tick) -> None:
+    def _count_gpus(self, lineno: int, tick: Tick) -> Tick:
         """Each GPU a trace names is followed through its whole analysis: a trace naming more than
         MAX_GPUS_IN_A_TRACE is refused (20 ticks of 10,000 GPUs each took 1.6 GB and printed a
-        million lines: found by a hostile-input pass)."""
+        million lines: found by a hostile-input pass). A GPU listed twice in one tick is read
+        once, with a warning (fed twice, two GPUs' samples made one bursty GPU of them)."""
+        units = {(g.index, g.mig, g.uuid) for g in tick.gpus}
+        if len(units) < len(tick.gpus):
+            kept: list[GpuSample] = []
+            twice: list[GpuSample] = []
+            for g in tick.gpus:
+                key = (g.index, g.mig, g.uuid)
+                (kept if key in units else twice).append(g)
+                units.discard(key)
+            self.warn(
+                "duplicate GPU",
+                f"{self.path}:{lineno}: GPU {twice[0].index} listed twice in one tick: the second dropped",
+            )
+            tick = tick._replace(gpus=tuple(kept))
         seen = self._gpus_seen
-        for g in tick.gpus:
-            seen.add((g.index, g.uuid))
+        for g in tick.gpus:  # (with `mig`: 50,000 MIG instances of one index and UUID ran 3 minutes)
+            seen.add((g.index, g.mig, g.uuid))
         if len(seen) > MAX_GPUS_IN_A_TRACE:
             raise self._error(
                 lineno,
                 f"more than {MAX_GPUS_IN_A_TRACE} GPUs in one trace (no node has that many, MIG "
                 "instances and replaced boards included): refused",
             )
+        return tick
 
     def _header(self, lineno: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("type") != "header" or record.get("format") != FORMAT:
             raise self._error(lineno, f"not a gpumon trace (line 1 must be a {FORMAT} header)")
         version = record.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise self._error(lineno, f"invalid trace version {version!r}")
+            raise self._error(lineno, f"invalid trace version {shown(version)}")
         if version > VERSION:
             raise self._error(
                 lineno, f"trace version {version} is newer than this gpumon reads ({VERSION}); upgrade gpumon"
@@ -335,12 +352,12 @@ class _Reader:
             raise self._error(
                 lineno,
                 f"header field 'interval_s' must be a number from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}, "
-                f"got {interval!r}",
+                f"got {shown(interval)}",
             )
         for key in ("started_unix_s",):
             value = record.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise self._error(lineno, f"header field {key!r} must be a number, got {value!r}")
+                raise self._error(lineno, f"header field {key!r} must be a number, got {shown(value)}")
         return record
 
 

@@ -7,6 +7,7 @@ constants and its one error type live here too.
 from __future__ import annotations
 
 import math
+import reprlib
 import socket
 import time
 from collections.abc import Callable
@@ -56,6 +57,19 @@ _GPU_INTS = ("mem_used_bytes", "mem_total_bytes")
 class BadRecord(Exception):
     """A record (or one of its fields) that breaks the format's rules; the reader adds the file and
     where in it."""
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 60
+_SHOWN.maxlist = _SHOWN.maxdict = 4
+_SHOWN.maxlevel = 2
+
+
+def shown(value: Any) -> str:
+    """A value read from a trace, as an error message quotes it: escaped like repr (no terminal
+    controls) and cut short (a 16 MiB list once made a 15 MB error line: found by a hostile-input
+    pass)."""
+    return _SHOWN.repr(value)
 
 
 # -- encoding -----------------------------------------------------------------------------------
@@ -176,15 +190,16 @@ def _num(d: dict[str, Any], key: str, *, optional: bool = True, integer: bool = 
         return value if integer else float(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or (isinstance(value, float) and not math.isfinite(value)):
-        raise BadRecord(f"field {key!r} must be a {'whole number' if integer else 'number'}, got {value!r}")
+        what = "whole number" if integer else "number"
+        raise BadRecord(f"field {shown(key)} must be a {what}, got {shown(value)}")
     # beyond any counter, byte count or time a GPU produces
-    raise BadRecord(f"field {key!r} is out of range: {value!r}")
+    raise BadRecord(f"field {shown(key)} is out of range: {shown(value)}")
 
 
 def _str(d: dict[str, Any], key: str, default: str = "") -> str:
     value = d.get(key, default)
     if not isinstance(value, str):
-        raise BadRecord(f"field {key!r} must be a string, got {value!r}")
+        raise BadRecord(f"field {key!r} must be a string, got {shown(value)}")
     return value
 
 
@@ -221,15 +236,15 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
     history = []
     for p in _list(d, "util_history"):
         if type(p) is not list or len(p) != 2:
-            raise BadRecord(f"util_history entries must be [t_s, util_ratio], got {p!r}")
+            raise BadRecord(f"util_history entries must be [t_s, util_ratio], got {shown(p)}")
         t, u = p
         if type(t) not in _NUMBER or type(u) not in _NUMBER:
-            raise BadRecord(f"util_history entries must be [t_s, util_ratio], got {p!r}")
+            raise BadRecord(f"util_history entries must be [t_s, util_ratio], got {shown(p)}")
         if not -1e18 <= t <= 1e18:  # false for NaN and infinities too
-            raise BadRecord(f"util_history entry out of range: {p!r}")
+            raise BadRecord(f"util_history entry out of range: {shown(p)}")
         if not -1e-9 <= u <= 1 + 1e-9:
             raise BadRecord(
-                f"util_history entries must be finite, with util_ratio between 0 and 1; got {p!r}"
+                f"util_history entries must be finite, with util_ratio between 0 and 1; got {shown(p)}"
             )
         history.append(UtilPoint(float(t), float(u)))
     procs = []
@@ -241,7 +256,7 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
         )
     available = d.get("available", True)
     if not isinstance(available, bool):
-        raise BadRecord(f"field 'available' must be true or false, got {available!r}")
+        raise BadRecord(f"field 'available' must be true or false, got {shown(available)}")
     kwargs: dict[str, Any] = {f: _num(d, f) for f in _GPU_FLOATS}
     kwargs.update({f: _num(d, f, integer=True) for f in _GPU_INTS})
     kwargs.update(_hopper_fields(d))
@@ -270,7 +285,7 @@ def _hopper_fields(d: dict[str, Any]) -> dict[str, Any]:
             raise BadRecord("field 'gpm' must be an object")
         unknown = set(gpm) - set(GpmActivity._fields)
         if unknown:
-            raise BadRecord(f"field 'gpm' has unknown keys: {', '.join(sorted(unknown))}")
+            raise BadRecord(f"field 'gpm' has unknown keys: {', '.join(map(shown, sorted(unknown)[:4]))}")
         out["gpm"] = GpmActivity(**{k: _num(gpm, k) for k in gpm})
     out["clock_events"] = _num(d, "clock_events", integer=True)
     seconds = d.get("clock_event_s")
@@ -280,14 +295,15 @@ def _hopper_fields(d: dict[str, Any]) -> dict[str, Any]:
         out["clock_event_s"] = tuple((str(k), float(_num(seconds, k, optional=False))) for k in seconds)
     xids = d.get("xids")
     if xids is not None:
-        if not isinstance(xids, dict) or not all(k.isdigit() for k in xids):
+        # a code's digits are ASCII, and few: int() takes '٣' and refuses '²' or 5,000 digits
+        if not isinstance(xids, dict) or not all(k.isascii() and k.isdigit() and len(k) <= 10 for k in xids):
             raise BadRecord("field 'xids' must be an object of XID code: count")
         out["xids"] = tuple(XidCount(int(k), _num(xids, k, optional=False, integer=True)) for k in xids)
     last = d.get("last_xid")
     if last is not None:
         shape_ok = type(last) is list and len(last) == 2
         if not shape_ok or type(last[0]) is not int or type(last[1]) not in _NUMBER:
-            raise BadRecord(f"field 'last_xid' must be [code, unix_s], got {last!r}")
+            raise BadRecord(f"field 'last_xid' must be [code, unix_s], got {shown(last)}")
         out["last_xid"] = (last[0], float(last[1]))
     return out
 

@@ -39,6 +39,12 @@ def segment_start(name: str) -> float | None:
         return None
 
 
+def shown_path(path: str) -> str:
+    """A path found in a directory, as a message names it: quoted and escaped when it holds a
+    newline or a terminal control (a file named so could forge a line, or retitle a terminal)."""
+    return path if path.isprintable() else repr(path)
+
+
 def looks_like_segment(name: str) -> bool:
     """Named like a segment (a file gpumon may have written, or a stray copy of one)."""
     return name.startswith("gpumon-") and name.endswith(".jsonl.gz")
@@ -63,7 +69,9 @@ def list_segments(directory: str, skipped: list[str] | None = None) -> list[Segm
         start = segment_start(e.name)
         if start is None:
             if skipped is not None and looks_like_segment(e.name):
-                skipped.append(f"{e.path}: skipped: named like a segment, but its name is not a time")
+                skipped.append(
+                    f"{shown_path(e.path)}: skipped: named like a segment, but its name is not a time"
+                )
             continue
         try:
             st = e.stat(follow_symlinks=False)  # from the directory listing: nothing is opened
