@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import urllib.parse
 
 from gpumon.core.errors import EXIT_OK, UsageError
+from gpumon.core.fetch import redacted
+from gpumon.core.terminal import printable
 
 
 def add_parser(
@@ -81,10 +84,7 @@ def _pcp(args: argparse.Namespace) -> int:
     from gpumon.dstat import pcp as dstat_pcp
 
     if args.action == "install":
-        url = args.url or os.environ.get("GPUMON_URL") or "http://127.0.0.1:9877"
-        auth = args.basic_auth or os.environ.get("GPUMON_BASIC_AUTH")
-        if auth is not None and ":" not in auth:
-            raise UsageError("--basic-auth: expected USER:PASSWORD")
+        url, auth = _daemon(args)
         written, notes = dstat_pcp.install(args.system, url, auth)
         for path in written:
             print(f"installed {path}")
@@ -94,7 +94,7 @@ def _pcp(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}")
         if args.system:
-            print(dstat_pcp.probe(url))
+            print(printable(dstat_pcp.probe(url)))
         print("try: dstat -c --gpu 5")
     else:
         removed, notes = dstat_pcp.uninstall(args.system)
@@ -103,3 +103,35 @@ def _pcp(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}")
     return EXIT_OK
+
+
+def _daemon(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The URL PCP is to read and the credentials for it, checked: PCP's .url file takes the URL
+    as a line (a newline in it wrote a line of its own), and a password in the URL is moved to the
+    Authorization header (the .url file is then root's alone; the URL is printed)."""
+    where = "--url" if args.url else "GPUMON_URL"
+    url = args.url or os.environ.get("GPUMON_URL") or "http://127.0.0.1:9877"
+    auth = args.basic_auth or os.environ.get("GPUMON_BASIC_AUTH")
+    said = "--basic-auth" if args.basic_auth else "GPUMON_BASIC_AUTH"
+    if auth is not None and ":" not in auth:
+        raise UsageError(f"{said}: expected USER:PASSWORD")
+    if not args.system and not args.url:
+        return url, auth  # (a user install writes no .url file: $GPUMON_URL is not used)
+    shown = printable(redacted(url)).replace("\n", "?")[:200].encode("utf-8", "backslashreplace").decode()
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise UsageError(f"{where}: {shown}: a URL holds no spaces or control characters")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a port out of range or not a number: ValueError
+    except ValueError as e:
+        raise UsageError(f"{where}: {shown}: not a URL ({printable(str(e))[:200]})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        # (PCP reads URL/metrics/pcp: after a query or a fragment, that path is no path)
+        raise UsageError(f"{where}: {shown}: expected http://HOST:PORT or https://HOST:PORT")
+    if parts.username is not None or parts.password is not None:
+        if auth is None:
+            user = urllib.parse.unquote(parts.username or "", errors="surrogateescape")
+            auth = f"{user}:{urllib.parse.unquote(parts.password or '', errors='surrogateescape')}"
+        host = parts.netloc.rpartition("@")[2]
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return url, auth

@@ -17,7 +17,10 @@ def targets(system: bool, home: Path | None = None) -> list[Path]:
     if system:
         return [Path("/usr/local/share/dstat/dstat_gpu.py"), Path("/usr/local/share/dool/dool_gpu.py")]
     home = home or Path.home()
-    data = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
+    xdg = os.environ.get("XDG_DATA_HOME") or ""
+    # the XDG spec's rule: a relative path is ignored (XDG_DATA_HOME='~/.local/share', quoted so that
+    # no shell expanded it, made a directory named "~" wherever install ran)
+    data = Path(xdg) if os.path.isabs(xdg) else home / ".local" / "share"
     return [home / ".dstat" / "dstat_gpu.py", data / "dool" / "plugins" / "dool_gpu.py"]
 
 

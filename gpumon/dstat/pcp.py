@@ -27,7 +27,6 @@ Three things make `dstat --gpu` independent of the shell of whoever last touched
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -35,11 +34,12 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpumon.core import fetch
 from gpumon.core.errors import OutputError
+from gpumon.core.terminal import printable
 
 PLUGIN = """\
 #
@@ -172,9 +172,8 @@ def install(
     done.files.append(str(target))
     uf = url_file(conf)
     body = f"{url.rstrip('/')}/metrics/pcp\n"
-    if basic_auth:
-        token = base64.b64encode(basic_auth.encode()).decode()
-        body += f"HEADER: Authorization: Basic {token}\n"
+    if basic_auth:  # (the bytes given, UTF-8 or not, as the daemon checks them)
+        body += f"HEADER: Authorization: {fetch.basic_header(basic_auth)['Authorization']}\n"
     if system:
         _settle_ctime(uf, body.encode())
         _write(uf, body.encode(), 0o600 if basic_auth else 0o644, None)
@@ -255,8 +254,11 @@ def _read_manifest(pdir: Path) -> Installed:
     try:
         doc = json.loads(_manifest(pdir).read_text())
         pinned = doc.get("pinned_python")
+        files = doc.get("files")
         return Installed(
-            [str(f) for f in doc.get("files", [])],
+            # install writes absolute paths: what else a damaged manifest holds ("files": "gpu" was
+            # the files g, p and u, removed from the directory uninstall ran in) is not removed
+            [f for f in files if isinstance(f, str) and os.path.isabs(f)] if isinstance(files, list) else [],
             bool(doc.get("registered_pmda")),
             pinned if isinstance(pinned, str) and pinned else None,
         )
@@ -322,8 +324,12 @@ pcp-dstat draws a column block for (pminfo and pmprobe show only the instances w
 
 
 def probe(url: str, wait_s: float = 15.0, conf: dict[str, str] | None = None) -> str:
-    """One line on whether PCP reads gpumon now: what `dstat --gpu` will show, and if blank, why."""
-    conf = conf or pcp_conf()
+    """One line on whether PCP reads gpumon now: what `dstat --gpu` will show, and if blank, why
+    (in PCP's words or a log's, which quote what a server sent: no control characters)."""
+    return printable(_probe(fetch.redacted(url), wait_s, conf or pcp_conf()))
+
+
+def _probe(url: str, wait_s: float, conf: dict[str, str]) -> str:
     if not _pmcd_running():
         return f"pmcd is not running: start it, {PMCD_START}, then run `dstat --gpu`"
     deadline = time.monotonic() + wait_s
@@ -476,17 +482,19 @@ def _last_words(log: Path, about: str = "") -> str:
 
 
 def _answers(url: str, basic_auth: str | None, timeout_s: float = 3.0) -> bool:
-    """Whether the daemon serves /metrics/pcp at `url` now (what the PMDA will read)."""
-
-    request = urllib.request.Request(f"{url.rstrip('/')}/metrics/pcp")
-    if basic_auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(basic_auth.encode()).decode())
+    """Whether the daemon serves /metrics/pcp at `url` now (what the PMDA will read): within
+    `timeout_s` in all (a daemon that trickles its answer held the install for good), a redirect
+    not followed (urllib carried the Authorization header to wherever it pointed)."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as r:
-            r.read(1 << 20)
-            return bool(r.status == 200)
-    except (OSError, ValueError):
+        status, _ = fetch.get(
+            f"{url.rstrip('/')}/metrics/pcp",
+            timeout_s,
+            1 << 20,
+            fetch.basic_header(basic_auth) if basic_auth else None,
+        )
+    except fetch.FetchError:
         return False
+    return status == 200
 
 
 def _pcp_python(conf: dict[str, str]) -> str | None:

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
+import math
+import operator
 import os
+import re
 import socket
 import sys
 import threading
@@ -76,6 +80,10 @@ MAX_EVERY_S and MAX_TIMEOUT_S (1e300 s is more than a thread can wait)."""
 MAX_EVERY_S = 3600.0
 MAX_TIMEOUT_S = 60.0
 MAX_REPORTED = 1000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 controls and DEL (gpumon.core.terminal's, newline included: a line is one line). A
+daemon's label, advice or HTTP reason with an escape sequence would otherwise reach the terminal
+that shows the training log."""
 
 ADVICE = {
     ("cpu", "keras"): "raise PyDataset(workers=N, use_multiprocessing=True) or cache decoded samples",
@@ -155,17 +163,18 @@ class Watch:
         url: str | None = None,
         *,
         framework: str | None = None,
-        gpus: Iterable[int] | None = None,
+        gpus: Iterable[int | str] | str | None = None,
         every_s: float = EVERY_S,
         timeout_s: float = TIMEOUT_S,
         log: Callable[[str], None] | None = None,
         pid: int | None = None,
         defer: bool = False,
     ) -> None:
-        """`defer`: hold lines until `drain()` (a callback prints them between steps, so they do
-        not cut through a progress bar). Never raises: what cannot be used (an interval that is not
-        a number of seconds, credentials no header can carry) is one line, and the defaults or no
-        watching."""
+        """`gpus`: indices (0, "0"), UUIDs ("GPU-..." or "MIG-...", as CUDA_VISIBLE_DEVICES may
+        hold them), or a comma-separated string of either. `defer`: hold lines until `drain()` (a
+        callback prints them between steps, so they do not cut through a progress bar). Never
+        raises: what cannot be used (an interval that is not a number of seconds, credentials no
+        header can carry) is one line, and the defaults or no watching."""
         self.framework = framework
         self.log = log or _print
         self.defer = defer
@@ -196,9 +205,9 @@ class Watch:
         """Nothing to watch with (a bad argument or environment): no thread, no lines but the one."""
         try:
             self.url = (url or os.environ.get("GPUMON_URL") or DEFAULT_URL).rstrip("/")
-            self.gpus = set(gpus) if gpus is not None else None
+            self.gpus = _gpu_set(gpus, problems) if gpus is not None else None
             self.pid = pid or os.getpid()
-            self._auth = _auth_header()
+            self._auth = _auth_header(self.url)
         except Exception as e:  # an exception here would be raised in the user's code: unwatched
             self._off = True
             problems.append(f"cannot watch ({e or type(e).__name__})")
@@ -209,9 +218,15 @@ class Watch:
     # -- the training side -------------------------------------------------------------------------
 
     def start(self) -> Watch:
+        """Start watching; a watch stopped before starts a new run (Keras calls `fit` again with
+        the same callback): its own thread, episodes and summary."""
         try:
             if self._thread is None and not self._off:
-                self._thread = threading.Thread(target=self._run, name="gpumon-watch", daemon=True)
+                if self._stop.is_set():
+                    self._new_run()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._stop,), name="gpumon-watch", daemon=True
+                )
                 self._thread.start()
         except Exception:  # (no thread to be had): the training runs on, unwatched
             pass
@@ -242,6 +257,14 @@ class Watch:
         except Exception:
             pass
 
+    def _new_run(self) -> None:
+        """Forget the last run (a thread of it still asking the daemon stops at its own event)."""
+        self._stop = threading.Event()
+        self._reported, self._advised = OrderedDict(), OrderedDict()
+        self._first, self._judged_from, self._last = {}, {}, OrderedDict()
+        self._said_which, self._found_at = False, None
+        self._started_at, self._started_unix = time.monotonic(), time.time()
+
     def _final(self) -> None:
         self._poll()
         try:
@@ -257,13 +280,13 @@ class Watch:
 
     # -- the background thread ---------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 self._poll()
             except Exception:  # whatever goes wrong, the watch goes quiet: the training goes on
                 pass
-            self._stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
+            stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
 
     def _say(self, line: str) -> None:
         if len(line) > MAX_LINE_CHARS:
@@ -271,6 +294,7 @@ class Watch:
         # text any log can write: a URL's byte \xff is Python's lone '\udcff', as a daemon's JSON
         # may send one, which a UTF-8 log file refuses (logging prints a traceback for it)
         line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        line = _CONTROL.sub("?", line)
         if self.defer:
             self.pending.append(line)
             return
@@ -303,7 +327,7 @@ class Watch:
         listed = state.get("gpus")
         gpus = [g for g in listed[:MAX_GPUS] if _named(g)] if isinstance(listed, list) else []
         if self.gpus is not None:
-            return [g for g in gpus if g.get("index") in self.gpus]
+            return [g for g in gpus if g.get("index") in self.gpus or g.get("uuid") in self.gpus]
         tree = process_tree(self.pid)
         mine = [g for g in gpus if tree & set(g.get("pids") or ())]
         if mine:
@@ -322,12 +346,16 @@ class Watch:
 
     def _look(self, state: dict[str, Any]) -> None:
         now = float(state.get("time_unix_s") or time.time())
+        if not math.isfinite(now):  # (JSON from Python may say NaN or Infinity)
+            now = time.time()
         for g in self._mine(state):
             key = g.get("uuid") or str(g["index"])
             current = next(
                 (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
             )
             start = float(current["start_unix_s"]) if current else now - float(g.get("since_s") or 0)
+            if not math.isfinite(start):
+                continue  # no episode this can be (NaN is no episode twice: it was said at every question)
             ours = start >= self._started_unix - 2 or now - self._started_unix >= SETTLE_S
             reading = _reading(g)
             if key not in self._first and ours:
@@ -472,18 +500,64 @@ def _without_password(url: str) -> str:
     return f"{scheme}//***@{authority.rpartition('@')[2]}{slash}{path}"  # (the last @, as urlsplit)
 
 
-def _auth_header() -> dict[str, str]:
+def _auth_header(url: str = "") -> dict[str, str]:
     """GPUMON_BASIC_AUTH=USER:PASSWORD, when the daemon asks for basic auth: the variable's bytes
     as the environment holds them (the daemon checks a password's bytes, UTF-8 or not: `user:\\xff`
-    is Python's 'user:\\udcff', which UTF-8 cannot encode)."""
+    is Python's 'user:\\udcff', which UTF-8 cannot encode). Without it, the URL's USER:PASSWORD@,
+    as `gpumon report` and `dstat --gpu` send it (they were ignored: the daemon said 401)."""
     creds = os.environ.get("GPUMON_BASIC_AUTH")
+    name = "GPUMON_BASIC_AUTH"
     if not creds:
-        return {}
+        _, sep, rest = url.partition("//")
+        authority = rest.partition("/")[0]
+        if not sep or "@" not in authority:
+            return {}
+        user, _, password = authority.rpartition("@")[0].partition(":")
+        creds = urllib.parse.unquote(user) + ":" + urllib.parse.unquote(password)
+        name = "the URL's credentials"
     try:
         raw = os.fsencode(creds)
     except UnicodeError:  # set from Python, not by the environment; the message never shows it
-        raise ValueError("GPUMON_BASIC_AUTH holds characters that are not bytes") from None
+        raise ValueError(f"{name}: characters that are not bytes") from None
     return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+
+
+def _gpu_set(gpus: Any, problems: list[str]) -> set[int | str]:
+    """The GPUs a caller named: indices and UUIDs, at most MAX_GPUS of them (an endless iterator
+    would hold the training code for good). `gpus=["0", "1"]` (CUDA_VISIBLE_DEVICES split) watched
+    nothing: no index of a daemon's is a string. What is neither is one line and left out; with
+    nothing left, ValueError."""
+    if isinstance(gpus, str):
+        gpus = gpus.split(",")
+    given = list(itertools.islice(iter(gpus), MAX_GPUS + 1))
+    if len(given) > MAX_GPUS:
+        given = given[:MAX_GPUS]
+        problems.append(f"gpus: more than {MAX_GPUS} given: the first {MAX_GPUS} watched")
+    found: set[int | str] = set()
+    bad: list[str] = []
+    for item in given:
+        if isinstance(item, str):
+            text = item.strip()
+            if text.isascii() and text.isdigit() and len(text) <= 6:
+                found.add(int(text))
+            elif 0 < len(text) <= MAX_NAME_CHARS and text.isprintable():
+                found.add(text)  # a UUID
+            else:
+                bad.append(repr(text[:20]))
+            continue
+        try:
+            index = -1 if isinstance(item, bool) else operator.index(item)  # numpy's and torch's ints too
+        except Exception:
+            index = -1
+        if index >= 0:
+            found.add(index)
+        else:
+            bad.append(repr(item)[:20] if not isinstance(item, bool) else repr(item))
+    if bad:
+        problems.append(f"gpus: not a GPU index or UUID: {', '.join(bad[:3])}")
+    if not found:
+        raise ValueError("gpus names no GPU")
+    return found
 
 
 def _seconds(value: float, name: str, default: float, most: float, problems: list[str]) -> float:

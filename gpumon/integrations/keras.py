@@ -18,7 +18,7 @@ class GpumonCallback(keras.callbacks.Callback):
         self,
         url: str | None = None,
         *,
-        gpus: Iterable[int] | None = None,
+        gpus: Iterable[int | str] | str | None = None,
         every_s: float = 5.0,
         log: Callable[[str], None] | None = None,
     ) -> None:

@@ -21,7 +21,7 @@ class GpumonCallback(Callback):
         self,
         url: str | None = None,
         *,
-        gpus: Iterable[int] | None = None,
+        gpus: Iterable[int | str] | str | None = None,
         every_s: float = 5.0,
         log: Callable[[str], None] | None = None,
     ) -> None:
@@ -30,7 +30,8 @@ class GpumonCallback(Callback):
         self.watch: Watch | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.is_global_zero:
+        self._end(summary=False)  # a run that ended without on_train_end: its thread is not kept
+        if not getattr(trainer, "is_global_zero", True):
             return
         self.watch = Watch(
             self._url,
@@ -48,9 +49,20 @@ class GpumonCallback(Callback):
             self.watch.drain()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.watch is not None:
-            self.watch.stop()
-            self.watch = None
+        self._end(summary=True)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """A run that raised (Lightning calls no on_train_end then): stop asking the daemon, or each
+        failed `fit` in a notebook would leave a thread asking it for good."""
+        self._end(summary=False)
+
+    def _end(self, summary: bool) -> None:
+        try:
+            if self.watch is not None:
+                self.watch.stop(summary=summary)
+        except Exception:  # (never raises; nor is this the place to start)
+            pass
+        self.watch = None
 
 
 def _info(line: str) -> None:

@@ -13,7 +13,7 @@ from gpumon.integrations import Watch
 def watch(
     url: str | None = None,
     *,
-    gpus: Iterable[int] | None = None,
+    gpus: Iterable[int | str] | str | None = None,
     every_s: float = 5.0,
     log: Callable[[str], None] | None = None,
 ) -> Watch:

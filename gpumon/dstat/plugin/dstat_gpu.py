@@ -24,6 +24,7 @@
 ### declared global, hence the `global` lines.
 
 global types, _json, _gpumon_state_codes, _gpumon_alarm_states, _gpumon_column, _gpumon_gpus, _gpumon_ratio
+global _gpumon_shown, _GPUMON_MAX_COLUMNS, _GPUMON_MAX_INDEX
 
 import json as _json  # noqa: E402 - plugins are executed, not imported
 
@@ -43,6 +44,10 @@ _gpumon_state_codes = {
     "mig": "mig",
 }
 _gpumon_alarm_states = ("starved", "stalled", "sync-stall")
+_GPUMON_MAX_COLUMNS = 256
+"""GPUs and MIG instances shown: a 16-GPU node with every GPU split in 7 has 128. A daemon naming
+100,000 had dstat write megabytes a line, for seconds a line."""
+_GPUMON_MAX_INDEX = 99999
 
 try:
     _gpumon_base = dstat  # noqa: F821 - provided by dstat
@@ -83,38 +88,67 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
                 sys.stderr.write(
                     "%s: no GPU data: start the gpumon daemon (gpumon serve; it did not answer at %s, "
                     "set GPUMON_URL to change that) or install the NVIDIA driver (libnvidia-ml.so.1)\n"
-                    % (os.path.basename(getattr(self, "filename", "dstat_gpu")).split(".")[0], self.url)
+                    % (os.path.basename(getattr(self, "filename", "dstat_gpu")).split(".")[0],
+                       _gpumon_shown(self.url))
                 )
                 sys.stderr.flush()
                 os._exit(8)
             self.mode = "nvml"
         if not columns:
-            raise Exception("no GPUs found (%s)" % ("gpumon daemon" if self.mode == "daemon" else "NVML"))
+            # raised, dstat said "failed to load" and ran on without GPU columns, exit 0: asked for
+            # GPUs, it ends as above
+            sys.stderr.write(
+                "%s: no GPUs: %s\n"
+                % (
+                    os.path.basename(getattr(self, "filename", "dstat_gpu")).split(".")[0],
+                    "the gpumon daemon at %s lists none it can show" % _gpumon_shown(self.url)
+                    if self.mode == "daemon"
+                    else "NVML finds none",
+                )
+            )
+            sys.stderr.flush()
+            os._exit(8)
         self.vars = ["gpu%s" % c for c in columns]
         self.name = list(self.vars)
         return True
 
     def _daemon_state(self):
-        """GET /api/v1/state within one second in all: a server that trickles its answer a byte
-        at a time is given up on, as one that does not answer (a timeout per read would not)."""
+        """GET /api/v1/state within one second in all: a server that trickles its answer a byte at
+        a time is given up on, as one that does not answer (a timeout per read would not).
+        Credentials in the URL (http://USER:PASSWORD@host), else $GPUMON_BASIC_AUTH, go in an
+        Authorization header, never in the Host header (which servers and proxies log)."""
+        import base64
+        import os
         import socket
         import time
-        from urllib.parse import urlsplit
+        from urllib.parse import unquote, urlsplit
 
         deadline = time.monotonic() + 1.0
         try:
             url = urlsplit(self.url)
+            if url.scheme not in ("http", "https"):
+                return None
             host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
+            headers = "Host: %s\r\n" % (("[%s]" % host if ":" in host else host) + (
+                ":%d" % url.port if url.port else ""))
+            if url.username is not None:
+                creds = unquote(url.username) + ":" + unquote(url.password or "")
+            else:
+                creds = os.environ.get("GPUMON_BASIC_AUTH") or ""
+            if creds:
+                raw = creds.encode("utf-8", "surrogateescape")  # (an environment's bytes, as given)
+                headers += "Authorization: Basic %s\r\n" % base64.b64encode(raw).decode()
+            request = "GET %s/api/v1/state HTTP/1.0\r\n%sConnection: close\r\n\r\n" % (
+                url.path.rstrip("/"), headers)
             sock = socket.create_connection((host, port), timeout=1.0)
             if url.scheme == "https":
                 import ssl
 
+                # (the handshake's timeout is one for the whole handshake, as Python's ssl applies it)
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-            request = "GET %s/api/v1/state HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n" % (
-                url.path.rstrip("/"), url.netloc)
             data = b""
             with sock:
-                sock.sendall(request.encode())
+                sock.sendall(request.encode("utf-8", "surrogateescape"))
                 while len(data) < 16 * 1024 * 1024:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -230,15 +264,21 @@ def _gpumon_gpus(state):
     that is not one (no integer index) is left out; a label is kept only if it is a short word."""
     if not isinstance(state, dict) or state.get("ready") is not True or not isinstance(state.get("gpus"), list):
         return None
-    gpus = []
+    gpus, seen = [], set()
     for g in state["gpus"]:
+        if len(gpus) >= _GPUMON_MAX_COLUMNS:
+            break
         if not isinstance(g, dict):
             continue
         index, mig = g.get("index"), g.get("mig")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= _GPUMON_MAX_INDEX:
             continue
-        if mig is not None and (isinstance(mig, bool) or not isinstance(mig, int) or mig < 0):
+        if mig is not None and (
+                isinstance(mig, bool) or not isinstance(mig, int) or not 0 <= mig <= _GPUMON_MAX_INDEX):
             continue
+        if (index, mig) in seen:
+            continue  # a column each: the first
+        seen.add((index, mig))
         label = g.get("label")
         if not isinstance(label, str) or not label or len(label) > 40 or not all(
                 c.isalnum() or c in "-_?" for c in label) or not label.isascii():
@@ -251,6 +291,17 @@ def _gpumon_gpus(state):
             "gpm_ratio": _gpumon_ratio(gpm.get("graphics_ratio")) if isinstance(gpm, dict) else None,
         })
     return gpus
+
+
+def _gpumon_shown(url):
+    """The URL as the error line shows it: no password (what stands before an @ hidden), no
+    control characters, 200 characters at most."""
+    scheme, sep, rest = url.partition("//")
+    authority, slash, path = rest.partition("/")
+    if sep and "@" in authority:
+        url = "%s//***@%s%s%s" % (scheme, authority.rpartition("@")[2], slash, path)
+    shown = "".join("?" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in url[:200])
+    return shown + ("..." if len(url) > 200 else "")
 
 
 def _gpumon_column(g):
