@@ -464,3 +464,78 @@ def test_procfs_counts_a_process_that_exits_between_its_files_as_gone(tmp_path: 
     got = procfs.counts(123)
     assert got.read_b is None and got.runq_s == pytest.approx(2.0)
     assert got.cpu_s == pytest.approx(300 / procfs._tck)
+
+
+class ParentsProcFs(FakeProcFs):
+    """A /proc that tells the parents of the PIDs handed out since the last look, as Linux's does."""
+
+    def __init__(self, ps: FakePsutil) -> None:
+        super().__init__(ps)
+        self.parent: dict[int, int] = {}
+
+    def parents_of(self, first: int, last: int) -> frozenset[int] | None:
+        if not 0 <= last - first < 64:
+            return None
+        return frozenset(self.parent[p] for p in range(first, last + 1) if p in self.parent)
+
+
+def test_a_birth_outside_the_job_does_not_send_gpumon_through_its_trees() -> None:
+    """A busy node starts processes on most ticks; only a birth to one of the job's processes
+    (or more births than can be read one by one) makes its tree be looked through again."""
+    ps = FakePsutil()
+    procfs = ParentsProcFs(ps)
+    ps.gpumon_procfs = procfs  # type: ignore[attr-defined]
+    ps.cpu = {100: 0.0, 101: 0.0}
+    ps.children = {100: [101]}
+    src = HostSource(ps, children_rescan_s=3600.0)
+    src.poll(0.0, [100])
+    src.poll(1.0, [100])
+    looked = procfs.calls
+    for t in range(2, 30):  # a shell or a probe elsewhere each second
+        procfs.newest += 1
+        procfs.parent[procfs.newest] = 1
+        src.poll(float(t), [100])
+    assert procfs.calls == looked, "births elsewhere: the job's tree was looked through again"
+    procfs.newest += 1  # the job's worker starts a process of its own
+    procfs.parent[procfs.newest] = 101
+    ps.cpu[procfs.newest] = 0.0
+    ps.children = {100: [101, procfs.newest]}
+    h = src.poll(30.0, [100])
+    assert procfs.calls == looked + 1
+    assert h.processes[0].children == 2
+    procfs.newest += 500  # more births than are read one by one: every tree is looked through
+    src.poll(31.0, [100])
+    assert procfs.calls == looked + 2
+
+
+def test_procfs_names_the_parents_of_new_processes() -> None:
+    """The real /proc: the parent of a process born since a look, whatever its name holds."""
+    import os
+    import subprocess
+    import sys
+
+    from gpumon.collect.sources.host import MAX_BIRTHS_READ, ProcFs
+
+    procfs = ProcFs()
+    before = procfs.newest_pid()
+    assert before is not None
+    named = (  # a name with a space and a parenthesis (prctl PR_SET_NAME)
+        "import ctypes, sys, time; ctypes.CDLL(None).prctl(15, b'a) b', 0, 0, 0); "
+        "sys.stdout.write('x'); sys.stdout.flush(); time.sleep(10)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", named], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.read(1) == b"x"
+        with open(f"/proc/{child.pid}/comm") as f:
+            assert f.read().strip() == "a) b"
+        after = procfs.newest_pid()
+        assert after is not None and after >= child.pid
+        first = max(before + 1, after - MAX_BIRTHS_READ + 1)
+        parents = procfs.parents_of(first, after)
+        assert parents is not None and os.getpid() in parents
+        assert procfs.parents_of(after + 1, after) == frozenset(), "nothing born: no parent"
+        assert procfs.parents_of(after, after - 10) is None, "PIDs wrapped around: cannot tell"
+        assert procfs.parents_of(1, 1 + MAX_BIRTHS_READ) is None, "too many to read one by one"
+    finally:
+        child.kill()
+        child.wait()

@@ -126,6 +126,9 @@ class _Tree:
 
 SMALL = 4096
 """A process's stat, io and schedstat, and loadavg, are a few hundred bytes at most."""
+MAX_BIRTHS_READ = 64
+"""PIDs handed out since the last tick whose parents are read (ProcFs.parents_of); more than this,
+and every job's tree is looked through instead."""
 
 
 class ProcFs:
@@ -214,6 +217,26 @@ class ProcFs:
             return int(read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()[-1])
         except (OSError, ValueError, IndexError):
             return None
+
+    def parents_of(self, first: int, last: int) -> frozenset[int] | None:
+        """The parents of the processes with PIDs `first` to `last` (those handed out since the
+        last look, threads' included: a thread's is its process's parent); None where there are
+        more than MAX_BIRTHS_READ of them or they wrapped around: look at every tree. One gone
+        already is no one's child now."""
+        count = last - first + 1
+        if not 0 <= count <= MAX_BIRTHS_READ:
+            return None
+        out = set()
+        for pid in range(first, last + 1):
+            try:
+                stat = read_proc(f"{self.root}/{pid}/stat", SMALL, one_record=True)
+            except OSError:
+                continue
+            try:  # "pid (comm) state ppid ...": the name may hold spaces and parentheses
+                out.add(int(stat[stat.rindex(b")") + 2 :].split(maxsplit=2)[1]))
+            except (ValueError, IndexError):
+                return None
+        return frozenset(out)
 
     def descendants(self, pid: int) -> list[int] | None:
         """Every descendant's PID, from the children files of each thread (no scan of /proc); None
@@ -363,12 +386,25 @@ class HostSource:
         self._newest_pid: int | None = None
         self._born = True
         """A process was born on the host since the last tick (or we cannot tell)."""
+        self._born_to: frozenset[int] | None = None
+        """The parents of the processes born since the last tick, where /proc tells them (None: any
+        process may be a parent): only a tree holding one of them is looked through again."""
 
     def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
         if self._procfs is not None:
-            newest = self._procfs.newest_pid()
-            self._born = newest is None or newest != self._newest_pid
+            newest, prev = self._procfs.newest_pid(), self._newest_pid
+            self._born = newest is None or newest != prev
             self._newest_pid = newest
+            # Who the newborns' parents are, where few were born: a busy node starts processes on
+            # most ticks (shells, probes, cron), and each birth made every job tree be looked
+            # through again (a listing and a read per thread of each process: ~500 reads a tick
+            # for a job of 8 ranks). Not where /proc cannot say (a simulated host's).
+            parents_of = getattr(self._procfs, "parents_of", None)
+            self._born_to = (
+                parents_of(prev + 1, newest)
+                if self._born and parents_of is not None and newest is not None and prev is not None
+                else None
+            )
         cur_cpu = self._cores.read() if self._cores is not None else list(self._ps.cpu_times(percpu=True))
         disk = self._read_disk()
         procs = self._processes(sorted(set(gpu_pids)), t_s)
@@ -487,8 +523,10 @@ class HostSource:
     def _should_rescan(self, tree: _Tree, t_s: float) -> bool:
         if t_s - tree.scanned_t_s >= self._rescan_s:
             return True
-        if self._procfs is not None:
-            return self._born  # a process was born somewhere: is it one of ours?
+        if self._procfs is not None:  # a process was born somewhere: is it one of ours?
+            if not self._born:
+                return False
+            return self._born_to is None or not self._born_to.isdisjoint(tree.counts)
         return not tree.children and t_s - tree.first_t_s < YOUNG_TREE_S
 
     def _rescan(self, tree: _Tree, t_s: float) -> None:
