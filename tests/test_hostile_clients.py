@@ -18,6 +18,7 @@ import pytest
 
 import gpumon.integrations as hooks
 from gpumon.cli import main as gpumon_main
+from gpumon.core import fetch
 from gpumon.dstat import install as dstat_install
 from gpumon.dstat import pcp as dstat_pcp
 from gpumon.integrations import Watch
@@ -227,6 +228,28 @@ def test_a_watch_started_again_watches_the_new_run(monkeypatch: pytest.MonkeyPat
         w.stop(summary=False)
 
 
+def test_keras_watches_the_next_fit_afresh_after_one_that_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras calls no on_train_end when `fit` raises: the next `fit` went on with the old run (its
+    start, episodes and summary), and a `fit` never repeated left its thread asking for good."""
+    monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "torch"))  # before Keras's import
+    from gpumon.integrations.keras import GpumonCallback  # imports Keras: this test only
+
+    fake_daemon(monkeypatch, lambda: {"gpus": []})
+    cb = GpumonCallback(log=lambda line: None, every_s=0.05)
+    cb.on_train_begin()
+    thread = cb.watch._thread
+    started = cb.watch._started_at
+    assert thread is not None
+    cb.on_train_begin()  # the first fit raised: no on_train_end came
+    try:
+        thread.join(10)
+        assert not thread.is_alive(), "the raised fit's thread still asks the daemon"
+        assert cb.watch._thread is not None and cb.watch._thread is not thread
+        assert cb.watch._started_at > started, "the new fit goes on with the old run"
+    finally:
+        cb.on_train_end()
+
+
 def test_lightning_stops_asking_when_a_run_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lightning calls on_exception, not on_train_end, when training raises: each failed `fit`
     left a thread asking the daemon for the rest of the process (a notebook's many tries)."""
@@ -401,8 +424,20 @@ def test_a_password_in_the_url_becomes_the_header_and_is_never_printed(
         "http://10.0.0.5:99999",
         "ftp://h/",
         "http://h:9877/?x=1",
+        "http://u:p@10.0.0.5:99999",
+        "http://h:9877/#",
+        "http://h:9877/?",
     ],
-    ids=["a newline", "no scheme", "a port out of range", "not http", "a query"],
+    ids=[
+        "a newline",
+        "no scheme",
+        "a port out of range",
+        "not http",
+        "a query",
+        "credentials and a port out of range",
+        "an empty fragment",
+        "an empty query",
+    ],
 )
 def test_a_url_pcp_cannot_read_is_a_usage_error_naming_the_flag(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
@@ -497,6 +532,30 @@ def test_the_hook_takes_gpus_as_cuda_visible_devices_holds_them(monkeypatch: pyt
     assert [line.split(" stalled")[0] for line in lines] == ["gpumon: GPU 1", "gpumon: GPU 3"], lines
 
 
+def test_gpus_that_the_daemon_does_not_list_are_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Indices in a container's numbering match none of the host daemon's: the hook said nothing
+    for the whole run."""
+    lines: list[str] = []
+    w = Watch("http://gpumon.invalid", gpus=["0"], log=lines.append)
+    t0 = w._started_unix
+    state = [gpu(4, "stalled", t0 + 1, pids=[]), gpu(5, "stalled", t0 + 1, pids=[])]
+    fake_daemon(monkeypatch, lambda: {"time_unix_s": t0 + 20, "gpus": state})
+    w._poll()
+    assert lines == [], "before the search's 60 s, nothing is said"
+    w._started_at -= hooks.FIND_S + 1
+    for _ in range(3):
+        w._poll()
+    assert len(lines) == 1 and "no GPU named by gpus=" in lines[0], lines
+
+
+def test_a_url_with_a_password_and_a_bad_port_is_shown_without_the_password() -> None:
+    """`redacted` read the port outside its guard: `report --url http://u:p@h:99999` and the pcp
+    installer's check ended in an internal error."""
+    for url in ("http://u:secret@10.0.0.5:99999/x", "http://u:secret@h:abc/"):
+        shown = fetch.redacted(url)
+        assert "secret" not in shown and "***@" in shown, shown
+
+
 def test_an_endless_gpus_iterator_never_holds_the_training_code() -> None:
     """`Watch(gpus=...)` read the whole iterable, in the training code's thread: an endless one
     held it for good."""
@@ -553,3 +612,19 @@ def test_a_daemon_listing_no_gpu_it_can_show_ends_dstat_as_no_data_does(
     assert ended.value.code == 8
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no GPUs" in err and f"127.0.0.1:{server.port}" in err, err
+
+
+def test_gpus_as_bytes_floats_or_odd_objects_are_read_as_meant() -> None:
+    """b"0,1" was iterated into the indices 48, 44 and 49; `gpus=[0.0]` (0.0 == 0) was refused;
+    an object whose repr raises turned the whole watch off."""
+
+    class Odd:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    lines: list[str] = []
+    assert Watch("http://gpumon.invalid", gpus=b"0,1", log=lines.append).gpus == {0, 1}
+    assert Watch("http://gpumon.invalid", gpus=[0.0, 2], log=lines.append).gpus == {0, 2}  # type: ignore[list-item]
+    assert lines == []
+    w = Watch("http://gpumon.invalid", gpus=[Odd(), 1], log=lines.append)  # type: ignore[list-item]
+    assert w.gpus == {1} and len(lines) == 1 and "Odd" in lines[0], lines

@@ -19,6 +19,7 @@ from gpumon.analyze.trace_report import analyze, analyze_range
 from gpumon.cli import main
 from gpumon.core.errors import TraceError
 from gpumon.trace import reader as trace_reader
+from gpumon.trace.compact import Decoder
 from gpumon.trace.gzipped import GzipLines
 from gpumon.trace.reader import iter_trace, read_trace
 from gpumon.trace.records import make_header
@@ -139,6 +140,17 @@ def test_a_gpu_listed_twice_in_a_tick_is_read_once(tmp_path: Path) -> None:
     )
     t = read_trace(str(mig))
     assert len(t.ticks[0].gpus) == 2 and not any("listed twice" in w for w in t.warnings)
+
+
+def test_a_gpu_listed_twice_leaves_the_first_as_the_next_ticks_base() -> None:
+    """Version 2 and 3 ticks carry only what changed: the dropped second entry of a GPU became the
+    base of its next tick, so the values said dropped came back."""
+    d = Decoder()
+    d.decode(
+        {"dt_us": 1, "gpus": [{"index": 0, "util_ratio": 0.5}, {"index": 0, "util_ratio": 0.1}], "host": None}
+    )
+    nxt = d.decode({"dt_us": 1_000_000, "gpus": [{"index": 0}], "host": None})
+    assert nxt["gpus"][0]["util_ratio"] == 0.5
 
 
 # -- a recorder's directory ----------------------------------------------------------------------

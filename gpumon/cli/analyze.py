@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("name a TRACE file, or a recorder's directory with --from DIR (not both)")
     if args.directory is None and any(x is not None for x in (args.since, args.until, args.gpu, args.jobs)):
         # (`is not None`: --since 1970-01-01T00:00Z is 0.0, --jobs 0 is 0: both were passed over)
-        raise UsageError("--since, --until and --gpu select from a recording: use them with --from DIR")
+        raise UsageError(
+            "--since, --until, --gpu and --jobs select from and read a recording: use them with --from DIR"
+        )
     if args.directory is not None and (args.plot or args.truth):
         raise UsageError("--plot and --truth take one TRACE file (`gpumon trace convert` can cut one)")
     windows = read_truth(args.truth) if args.truth else None  # a bad file fails before the work
@@ -97,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         if jobs < 1:
             raise UsageError("--jobs: at least 1")
         if until <= since:  # a bad pair of flags (exit 2), not a bad recording (it was exit 4)
-            raise UsageError("--until must be after --since")
+            raise UsageError(
+                "--until must be after --since" if args.since is not None else "--until must be after 1970"
+            )
         result = analyze_range(args.directory, since, until, args.gpu, th, jobs=jobs)
     else:
         # streamed unless a picture or the truth needs every verdict whole: memory grows with the

@@ -125,7 +125,7 @@ def _daemon(args: argparse.Namespace) -> tuple[str, str | None]:
         _ = parts.port  # a port out of range or not a number: ValueError
     except ValueError as e:
         raise UsageError(f"{where}: {shown}: not a URL ({printable(str(e))[:200]})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+    if parts.scheme not in ("http", "https") or not parts.hostname or "?" in url or "#" in url:
         # (PCP reads URL/metrics/pcp: after a query or a fragment, that path is no path)
         raise UsageError(f"{where}: {shown}: expected http://HOST:PORT or https://HOST:PORT")
     if parts.username is not None or parts.password is not None:

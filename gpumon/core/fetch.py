@@ -25,16 +25,17 @@ def redacted(url: str) -> str:
     """The URL as it may be shown: without a password."""
     try:
         parts = urllib.parse.urlsplit(url)
+        if parts.password is None and parts.username is None:
+            return url
+        port = parts.port  # ValueError: not a number, or out of range
     except ValueError:  # not a URL (`http://[::1`): whatever stands before an @ may be a password
         return url.split("//", 1)[0] + "//***@" + url.rsplit("@", 1)[1] if "@" in url else url
-    if parts.password is None and parts.username is None:
-        return url
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     netloc = f"{parts.username}:***@{host}" if parts.username else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
+    if port is not None:
+        netloc += f":{port}"
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 

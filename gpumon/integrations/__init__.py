@@ -327,7 +327,14 @@ class Watch:
         listed = state.get("gpus")
         gpus = [g for g in listed[:MAX_GPUS] if _named(g)] if isinstance(listed, list) else []
         if self.gpus is not None:
-            return [g for g in gpus if g.get("index") in self.gpus or g.get("uuid") in self.gpus]
+            named = [g for g in gpus if g.get("index") in self.gpus or g.get("uuid") in self.gpus]
+            if not named and gpus and not self._said_which and time.monotonic() - self._started_at > FIND_S:
+                self._said_which = True  # (said nothing: a container's own numbering, a CUDA order)
+                self._say(
+                    f"gpumon: after {FIND_S:.0f} s, no GPU named by gpus= is among the daemon's "
+                    "(name them by UUID, or by the host's nvidia-smi index)"
+                )
+            return named
         tree = process_tree(self.pid)
         mine = [g for g in gpus if tree & set(g.get("pids") or ())]
         if mine:
@@ -527,6 +534,8 @@ def _gpu_set(gpus: Any, problems: list[str]) -> set[int | str]:
     would hold the training code for good). `gpus=["0", "1"]` (CUDA_VISIBLE_DEVICES split) watched
     nothing: no index of a daemon's is a string. What is neither is one line and left out; with
     nothing left, ValueError."""
+    if isinstance(gpus, (bytes, bytearray)):  # (iterated, b"0,1" was the indices 48, 44 and 49)
+        gpus = bytes(gpus).decode("latin-1")
     if isinstance(gpus, str):
         gpus = gpus.split(",")
     given = list(itertools.islice(iter(gpus), MAX_GPUS + 1))
@@ -548,11 +557,14 @@ def _gpu_set(gpus: Any, problems: list[str]) -> set[int | str]:
         try:
             index = -1 if isinstance(item, bool) else operator.index(item)  # numpy's and torch's ints too
         except Exception:
-            index = -1
+            index = int(item) if isinstance(item, float) and item.is_integer() and item >= 0 else -1
         if index >= 0:
             found.add(index)
         else:
-            bad.append(repr(item)[:20] if not isinstance(item, bool) else repr(item))
+            try:
+                bad.append(repr(item)[:20])
+            except Exception:  # (an object whose repr raises: named by its type)
+                bad.append(type(item).__name__[:20])
     if bad:
         problems.append(f"gpus: not a GPU index or UUID: {', '.join(bad[:3])}")
     if not found:

@@ -26,6 +26,9 @@ class GpumonCallback(keras.callbacks.Callback):
         self.watch = Watch(url, framework="keras", gpus=gpus, every_s=every_s, log=log, defer=True)
 
     def on_train_begin(self, logs: Any = None) -> None:
+        # Keras calls no on_train_end when `fit` raises (Ctrl-C, out of memory): that run's watch
+        # ends here, or the next `fit` would go on with it and its thread ask for good
+        self.watch.stop(summary=False)
         self.watch.start()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:

@@ -303,6 +303,7 @@ class Decoder:
         if not isinstance(gpus_in, list):
             raise BadRecord("missing or invalid field 'gpus' (a list)")
         gpus = []
+        here: set[tuple[int, int | None]] = set()
         for d in gpus_in:
             if not isinstance(d, dict):
                 raise BadRecord("each entry of 'gpus' must be an object")
@@ -320,7 +321,9 @@ class Decoder:
                 )
             if (index, mig) not in self._gpus and len(self._gpus) >= MAX_GPUS_IN_A_TRACE:
                 raise BadRecord(f"more than {MAX_GPUS_IN_A_TRACE} GPUs in one trace: refused")
-            self._gpus[(index, mig)] = full
+            if (index, mig) not in here:  # a GPU listed twice: the reader drops the second (and
+                here.add((index, mig))  # so does the next tick's base, which the first stays)
+                self._gpus[(index, mig)] = full
             gpus.append({**full, "util_history": _history(d.get("util_history"), t_us)})
         out: dict[str, Any] = {"type": "tick", "t_s": t_us / 1e6, "gpus": gpus}
         host = rec.get("host", _MISSING)
