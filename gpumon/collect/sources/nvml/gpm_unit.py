@@ -39,6 +39,10 @@ METRICS: tuple[tuple[int, str, float], ...] = (
 GRAPHICS_ONLY: tuple[tuple[int, str, float], ...] = METRICS[:1]
 """What the steps between ticks ask for: activity, for bursts and gaps."""
 _RATIOS = sum(1 for _, name, _ in METRICS if name.endswith("_ratio"))
+MAX_BYTES_PER_S = 1e15
+"""A PCIe or NVLink rate at or above this (1 PB/s, hundreds of times any link's), or infinite, is a
+driver's garbage, not traffic: read as 0, as a NaN is (never +Inf in /metrics, the state API's
+JSON or a recording, whose reader refuses it)."""
 assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is in GpmActivity's order"
 
 # nvml.h's nvmlGpmMetric_t: {unsigned int metricId; nvmlReturn_t nvmlReturn; double value;
@@ -59,6 +63,10 @@ def activity_of(values: list[float | None]) -> GpmActivity:
         v = values[i]
         if v is not None:
             values[i] = round((v if v < 1.0 else 1.0) * STEPS) / STEPS
+    for i in range(_RATIOS, len(values)):
+        v = values[i]
+        if v is not None and not v < MAX_BYTES_PER_S:  # infinite, or beyond any link: as NaN, 0
+            values[i] = 0.0
     return tuple.__new__(GpmActivity, values)  # GpmActivity(*values) without its Python __new__
 
 
@@ -124,7 +132,9 @@ class _Request:
                     round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS if v > 0 else 0.0
                     for v in values[:split]
                 ]
-                out += [v * _MIB if v > 0 else 0.0 for v in values[split:]]  # not above 0 (NaN too): 0
+                out += [  # not above 0 (NaN too), infinite or absurd (activity_of): 0
+                    x if 0 < (x := v * _MIB) < MAX_BYTES_PER_S else 0.0 for v in values[split:]
+                ]
                 return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
         return activity_of(self._read())
 

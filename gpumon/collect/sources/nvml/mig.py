@@ -9,16 +9,12 @@ from typing import Any
 
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.gpm import GpmReading
-from gpumon.collect.sources.nvml.reader import nvml_function
+from gpumon.collect.sources.nvml.reader import device_text, nvml_function
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.core.model import GpmActivity, GpuProcess, GpuSample, UtilPoint
 
 MIG_RESCAN_S = 30.0
 """How often a MIG-enabled GPU's instances are listed again (they change only when reconfigured)."""
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class MigReading(GpmReading):
@@ -42,10 +38,10 @@ class MigReading(GpmReading):
                     codes.raise_if_lost(e)
                     raise
                 gi = int(nv.nvmlDeviceGetGpuInstanceId(handle))
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                uuid = device_text(nv.nvmlDeviceGetUUID, handle)
                 unit = parent.migs.get(gi)
                 if unit is None or unit.uuid != uuid:
-                    name = _text(nv.nvmlDeviceGetName(handle))
+                    name = device_text(nv.nvmlDeviceGetName, handle)
                     unit = GpuState(parent.index, handle, uuid, name, mig=gi, parent=parent)
                 unit.handle = handle
                 found[gi] = unit
@@ -111,7 +107,9 @@ class MigReading(GpmReading):
 
 
 def processes_of(procs: Any) -> tuple[GpuProcess, ...]:
-    """NVML's process entries as GpuProcess values (memory None where not reported)."""
+    """NVML's process entries as GpuProcess values (memory None where not reported). A pid NVML
+    lists twice (a context on each of two MIG instances, say) is one process, its memory summed:
+    gpumon_gpu_processes counts processes, not entries."""
     if not procs:
         return ()
     new = tuple.__new__  # GpuProcess(...) without its Python __new__: once per process per tick
@@ -119,4 +117,17 @@ def processes_of(procs: Any) -> tuple[GpuProcess, ...]:
     for p in procs:
         mem = getattr(p, "usedGpuMemory", None)
         out.append(new(GpuProcess, (int(p.pid), None if mem is None else int(mem))))
+    if len(out) > 1 and len({p.pid for p in out}) < len(out):
+        return _merged(out)
     return tuple(out)
+
+
+def _merged(entries: list[GpuProcess]) -> tuple[GpuProcess, ...]:
+    """One GpuProcess per pid, in the order first listed, the memory of its entries summed."""
+    out: dict[int, GpuProcess] = {}
+    for pid, mem in entries:
+        if pid in out:
+            before = out[pid].gpu_mem_bytes
+            mem = before if mem is None else mem if before is None else mem + before
+        out[pid] = GpuProcess(pid, mem)
+    return tuple(out.values())

@@ -17,6 +17,22 @@ from gpumon.core.problems import Problems
 log = logging.getLogger("gpumon.nvml")
 
 
+_CONTROLS = dict.fromkeys([*range(0x20), 0x7F], None)
+"""C0 controls and DEL: never part of a GPU's name or UUID (an escape sequence in a log or a terminal)."""
+
+
+def device_text(function: Any, handle: Any) -> str:
+    """A name or UUID the driver gives (nvmlDeviceGetName, nvmlDeviceGetUUID), as text: bytes that
+    are not UTF-8 as U+FFFD, control characters dropped. pynvml decodes strictly, and its
+    UnicodeDecodeError is not an NVMLError (it failed every GPU's reading): it carries the bytes."""
+    try:
+        value = function(handle)
+    except UnicodeDecodeError as e:
+        value = e.object  # the bytes it could not decode
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return text.translate(_CONTROLS)
+
+
 def nvml_function(nvml: Any, name: str) -> Any:
     """The bindings' function, or None where these bindings (an older pynvml, the simulator)
     lack it."""

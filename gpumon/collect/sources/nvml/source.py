@@ -33,8 +33,13 @@ from typing import Any
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.clocks import ClockReading
 from gpumon.collect.sources.nvml.mig import MigReading, processes_of
-from gpumon.collect.sources.nvml.reader import nvml_function
-from gpumon.collect.sources.nvml.samples import GPU_UTILIZATION_SAMPLES, fresh_pairs, to_points
+from gpumon.collect.sources.nvml.reader import device_text, nvml_function
+from gpumon.collect.sources.nvml.samples import (
+    GPU_UTILIZATION_SAMPLES,
+    SampleClockAligner,
+    fresh_pairs,
+    to_points,
+)
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.core.errors import MissingDependency, NoDriverError
 from gpumon.core.guard import CallGuard
@@ -45,16 +50,18 @@ TEMPERATURE_GPU = 0
 PCIE_TX, PCIE_RX = 0, 1
 PLAIN_FIELDS = frozenset({"utilization", "power", "power_limit", "temperature", "pcie_rx", "pcie_tx"})
 """Fields read with one call each and no rule of their own: one try covers them all."""
+AHEAD_S = 1.0
+"""A utilization sample stamped more than this after the poll (on the sampler's clock) is ahead of
+now: a driver's glitch (see NvmlSource._not_ahead)."""
+AHEAD_POLLS = 3
+"""Readings in a row with only samples ahead of now before the driver's clock is taken to have
+jumped (and followed)."""
 DRIVER = "driver"
 INIT_ALLOW_S = 60.0
 """How long nvmlInit may take before its thread is given up: without persistence mode the driver
 sets its GPUs up at the first open, which takes seconds on a multi-GPU host (NVIDIA's Driver
 Persistence guide); the other calls are held to nvml_call_timeout_s."""
 """What a driver-wide call (init, count) is guarded as."""
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 _number = object.__getattribute__
@@ -288,8 +295,8 @@ class NvmlSource(MigReading, ClockReading):
         if state.handle is None:
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
-                name = _text(self._nvml.nvmlDeviceGetName(handle))
+                uuid = device_text(self._nvml.nvmlDeviceGetUUID, handle)
+                name = device_text(self._nvml.nvmlDeviceGetName, handle)
             except self._error_type as e:
                 codes.raise_if_lost(e)
                 raise
@@ -435,6 +442,10 @@ class NvmlSource(MigReading, ClockReading):
         fresh = fresh_pairs(value_type, raw, state.last_seen_ts_us)
         if not fresh:
             return ()
+        if not state.first_poll and fresh[-1][0] > (t_s + AHEAD_S - state.aligner.offset_s) * 1e6:
+            fresh = self._not_ahead(state, fresh, t_s)
+            if not fresh:
+                return ()
         newest = fresh[-1][0]
         state.aligner.observe(t_s, newest)
         state.last_seen_ts_us = newest
@@ -444,6 +455,23 @@ class NvmlSource(MigReading, ClockReading):
             state.first_poll = False
             points = [p for p in points if p.t_s > t_s - 1.0]
         return tuple(points)
+
+    def _not_ahead(self, state: GpuState, fresh: list[tuple[int, int]], t_s: float) -> list[tuple[int, int]]:
+        """Samples stamped after now (by the clocks' offset so far): one glitch of a driver would
+        be "last seen" and hide every later sample, and move the offset with it. They are left out
+        (the last seen stays the newest sample before now); only where nothing else comes for
+        AHEAD_POLLS readings has the driver's clock itself jumped, and it is followed."""
+        limit_us = (t_s + AHEAD_S - state.aligner.offset_s) * 1e6
+        kept = [p for p in fresh if p[0] <= limit_us]
+        if kept:
+            state.ahead_polls = 0
+            return kept
+        state.ahead_polls += 1
+        if state.ahead_polls < AHEAD_POLLS:
+            return []
+        state.ahead_polls = 0
+        state.aligner = SampleClockAligner()  # the driver's clock jumped: align to it afresh
+        return fresh
 
 
 def _why(e: BaseException) -> str:

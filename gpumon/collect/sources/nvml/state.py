@@ -20,6 +20,8 @@ class GpuState:
     last_seen_ts_us: int = 0
     first_poll: bool = True
     aligner: SampleClockAligner = field(default_factory=SampleClockAligner)
+    ahead_polls: int = 0
+    """Readings in a row whose new samples were all stamped ahead of now (source._not_ahead)."""
     unsupported: set[str] = field(default_factory=set)
     memory_v1: bool = False
     """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""

@@ -27,6 +27,12 @@ XID_CRITICAL_ERROR = 0x8
 """nvmlEventTypeXidCriticalError (nvml.h)."""
 NO_INSTANCE = 0xFFFFFFFF
 """gpuInstanceId of an event not attributable to one MIG instance."""
+MAX_INSTANCE = 64
+"""A gpuInstanceId at or above this (other than NO_INSTANCE) is no MIG instance's (an H100 has 7):
+counted for the whole GPU, so that a driver's odd ids make no unbounded count of units."""
+MAX_CODES = 64
+"""Distinct XID codes counted per GPU or instance (NVIDIA's list has about 150, a GPU sees a few):
+a driver giving odd event data makes no unbounded count of codes, nor of /metrics series."""
 DEFAULT_WAIT_MS = 1000
 """One wake-up a second while no event comes (the driver sleeps in the kernel meanwhile); a stop is
 obeyed within it, and stop() waits 1.5 s."""
@@ -115,10 +121,11 @@ class XidWatcher:
         if index is None:
             log.warning("XID %d on a device gpumon did not register; not counted", xid)
             return
-        key: Key = (index, None if gpu_instance == NO_INSTANCE else gpu_instance)
+        key: Key = (index, gpu_instance if 0 <= gpu_instance < MAX_INSTANCE else None)
         with self._lock:
             per = self._counts.setdefault(key, {})
-            per[xid] = per.get(xid, 0) + 1
+            if xid in per or len(per) < MAX_CODES:
+                per[xid] = per.get(xid, 0) + 1
             self._last[key] = (xid, self._wall())
         where = f"gpu {index}" + (f" mig {key[1]}" if key[1] is not None else "")
         log.warning("%s: XID %d", where, xid)
