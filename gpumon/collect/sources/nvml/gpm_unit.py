@@ -43,6 +43,8 @@ MAX_BYTES_PER_S = 1e15
 """A PCIe or NVLink rate at or above this (1 PB/s, hundreds of times any link's), or infinite, is a
 driver's garbage, not traffic: read as 0, as a NaN is (never +Inf in /metrics, the state API's
 JSON or a recording, whose reader refuses it)."""
+_MAX_MIB = MAX_BYTES_PER_S / _MIB
+"""MAX_BYTES_PER_S in the driver's MiB/s (compared before scaling: one comparison a value)."""
 assert tuple(name for _, name, _ in METRICS) == GpmActivity._fields, "METRICS is in GpmActivity's order"
 
 # nvml.h's nvmlGpmMetric_t: {unsigned int metricId; nvmlReturn_t nvmlReturn; double value;
@@ -132,9 +134,8 @@ class _Request:
                     round((x if (x := v * _PERCENT) < 1.0 else 1.0) * STEPS) / STEPS if v > 0 else 0.0
                     for v in values[:split]
                 ]
-                out += [  # not above 0 (NaN too), infinite or absurd (activity_of): 0
-                    x if 0 < (x := v * _MIB) < MAX_BYTES_PER_S else 0.0 for v in values[split:]
-                ]
+                # not above 0 (NaN too), infinite or absurd (activity_of): 0
+                out += [v * _MIB if 0 < v < _MAX_MIB else 0.0 for v in values[split:]]
                 return tuple.__new__(GpmActivity, out)  # GpmActivity(*out), without its Python __new__
         return activity_of(self._read())
 

@@ -5,6 +5,7 @@ activity history comes from GPM (gpumon.collect.sources.nvml.gpm)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from gpumon.collect.sources.nvml import codes
@@ -117,9 +118,13 @@ def processes_of(procs: Any) -> tuple[GpuProcess, ...]:
     for p in procs:
         mem = getattr(p, "usedGpuMemory", None)
         out.append(new(GpuProcess, (int(p.pid), None if mem is None else int(mem))))
-    if len(out) > 1 and len({p.pid for p in out}) < len(out):
+    n = len(out)
+    if n > 1 and (out[0][0] == out[1][0] if n == 2 else len(set(map(_pid, out))) < n):
         return _merged(out)
     return tuple(out)
+
+
+_pid = operator.itemgetter(0)
 
 
 def _merged(entries: list[GpuProcess]) -> tuple[GpuProcess, ...]:

@@ -4,6 +4,7 @@ sampler's clock."""
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -28,12 +29,21 @@ class SampleClockAligner:
         self._offset_s: float | None = None
         self._leak_s = leak_s
 
-    def observe(self, poll_t_s: float, newest_ts_us: int) -> None:
+    def observe(self, poll_t_s: float, newest_ts_us: int, ahead_s: float = math.inf) -> float | None:
+        """Take a poll's newest sample into the estimate; the offset after it. None, and nothing
+        taken, where that sample is stamped more than `ahead_s` after the poll by the offset so far
+        (a driver's glitch: NvmlSource._not_ahead; asked here, where the bound is at hand, as this
+        runs for every GPU on every tick)."""
         bound = poll_t_s - newest_ts_us / 1e6
-        if self._offset_s is None or bound < self._offset_s + self._leak_s:
+        offset = self._offset_s
+        if offset is None or bound < offset + self._leak_s:
+            if offset is not None and bound < offset - ahead_s:
+                return None
             self._offset_s = bound
-        else:
-            self._offset_s += self._leak_s
+            return bound
+        offset += self._leak_s
+        self._offset_s = offset
+        return offset
 
     def to_sampler_time(self, ts_us: int) -> float:
         return ts_us / 1e6 + self.offset_s

@@ -442,14 +442,19 @@ class NvmlSource(MigReading, ClockReading):
         fresh = fresh_pairs(value_type, raw, state.last_seen_ts_us)
         if not fresh:
             return ()
-        if not state.first_poll and fresh[-1][0] > (t_s + AHEAD_S - state.aligner.offset_s) * 1e6:
+        newest = fresh[-1][0]
+        offset = state.aligner.observe(t_s, newest, AHEAD_S)
+        if offset is None:  # stamped ahead of now (the first poll has no offset to judge by)
             fresh = self._not_ahead(state, fresh, t_s)
             if not fresh:
                 return ()
-        newest = fresh[-1][0]
-        state.aligner.observe(t_s, newest)
+            newest = fresh[-1][0]
+            state.aligner.observe(t_s, newest)
+            offset = state.aligner.offset_s
+        elif state.ahead_polls:
+            state.ahead_polls = 0
         state.last_seen_ts_us = newest
-        points = to_points(fresh, state.aligner.offset_s)
+        points = to_points(fresh, offset)
         if state.first_poll:
             # The buffer's history from before we started: keep only the last second of it.
             state.first_poll = False
