@@ -1,6 +1,7 @@
 """Hostile and clumsy HTTP clients, as fixtures for the exporter's tests and its benchmark: the
 slowloris that trickles a header line at a time, the client that hangs up mid-request, requests
-that smuggle a body, and a plain raw exchange to see exactly what the server wrote."""
+that smuggle a body, and a plain raw exchange to see exactly what the server wrote; and a raw
+server, for a hostile daemon that gpumon's own clients talk to."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -158,3 +159,36 @@ def whole_in_first_read(host: str, port: int, n: int, path: str = "/metrics") ->
 def p99(values: list[float]) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(0.99 * (len(s) - 1)))]
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that hands each connection to `answer(conn, stop)` on a thread of
+    its own (a client hanging up is no error); `close()` stops it and sets `stop`."""
+
+    def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
+        self.answer = answer
+        self.sent: list[bytes] = []
+        self.stop = threading.Event()
+        self.srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self.srv.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self.answer(conn, self.stop)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.srv.close()

@@ -17,13 +17,15 @@ import pytest
 from gpumon.integrations import MAX_STATE_BYTES, STOP_DEADLINE_S, Watch, get
 from gpumon.integrations.torch import watch as torch_watch
 
+from .hostile import RawServer
+
 TRICKLE_S = 60.0
 """How long the hostile daemon keeps a connection trickling: nothing may wait that out."""
 
 GOOD = json.dumps({"gpus": [], "time_unix_s": 0}).encode()
 
 
-class Hostile:
+class Hostile(RawServer):
     """A daemon that answers its first `honest` requests properly, then does `then` to every
     later connection: trickle its answer a byte at a time, stream an endless body, or send a
     body given as bytes."""
@@ -36,49 +38,34 @@ class Hostile:
         """Set once a connection is being trickled."""
         self.trickle_ends = float("inf")
         """When the first trickle would end, if waited out (the adversary's own timeline)."""
-        self.stop = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(self._serve)
 
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                self.asked += 1
-                if self.asked <= self.honest:
-                    conn.sendall(self._response(GOOD))
-                elif self.then == "trickle":
-                    self._trickle(conn, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000)
-                elif self.then == "trickle-body":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-                    self._trickle(conn, b" " * 100000)
-                elif self.then == "trickle-to-close":  # no length: the body ends with the connection
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
-                    self._trickle(conn, b" " * 100000)
-                elif self.then == "endless":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    chunk = b"100000\r\n" + b"[" * 0x100000 + b"\r\n"
-                    while not self.stop.is_set():
-                        conn.sendall(chunk)
-                elif self.then == "endless-length":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n")
-                    block = b"[" * 0x100000
-                    while not self.stop.is_set():
-                        conn.sendall(block)
-                else:
-                    assert isinstance(self.then, bytes)
-                    conn.sendall(self._response(self.then))
-            except OSError:
-                pass
+    def _serve(self, conn: socket.socket, stop: threading.Event) -> None:
+        conn.recv(65536)
+        self.asked += 1
+        if self.asked <= self.honest:
+            conn.sendall(self._response(GOOD))
+        elif self.then == "trickle":
+            self._trickle(conn, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000)
+        elif self.then == "trickle-body":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            self._trickle(conn, b" " * 100000)
+        elif self.then == "trickle-to-close":  # no length: the body ends with the connection
+            conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+            self._trickle(conn, b" " * 100000)
+        elif self.then == "endless":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            chunk = b"100000\r\n" + b"[" * 0x100000 + b"\r\n"
+            while not self.stop.is_set():
+                conn.sendall(chunk)
+        elif self.then == "endless-length":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n")
+            block = b"[" * 0x100000
+            while not self.stop.is_set():
+                conn.sendall(block)
+        else:
+            assert isinstance(self.then, bytes)
+            conn.sendall(self._response(self.then))
 
     def _trickle(self, conn: socket.socket, data: bytes) -> None:
         end = time.monotonic() + TRICKLE_S
@@ -93,10 +80,6 @@ class Hostile:
     @staticmethod
     def _response(body: bytes) -> bytes:
         return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.close()
 
 
 @pytest.fixture

@@ -24,45 +24,13 @@ from gpumon.dstat import pcp as dstat_pcp
 from gpumon.integrations import Watch
 
 from .conftest import gpumon
+from .hostile import RawServer
 
 ME = os.getpid()
 ESCAPES = ("\x1b", "\x07", "\x9b")
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-
-class RawServer:
-    """A TCP server that hands each connection to `answer(conn)`; remembers what clients sent."""
-
-    def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
-        self.answer = answer
-        self.sent: list[bytes] = []
-        self.stop = threading.Event()
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(8)
-        self.port = self.srv.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                self.answer(conn, self.stop)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.stop.set()
-        self.srv.close()
 
 
 @pytest.fixture
