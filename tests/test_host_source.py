@@ -197,6 +197,39 @@ def test_hidden_io_gives_none_not_zero_and_vanished_process_is_skipped() -> None
     assert h.processes[0].read_bytes_per_s is None
 
 
+def test_a_gpu_process_this_host_cannot_see_is_looked_up_less_and_less_often() -> None:
+    """A container without the host's PID namespace never sees the GPU's processes: each look
+    costs, so it backs off (5, 10, 20, 40, then every 60 s); one that shows up is read again."""
+    ps = FakePsutil()
+    looked: list[float] = []
+    now = [0.0]
+    real = FakePsutil.Process
+
+    def counting(self: FakePsutil, pid: int) -> Proc:
+        looked.append(now[0])
+        return real(self, pid)
+
+    ps.Process = counting.__get__(ps)  # type: ignore[method-assign]
+    src = HostSource(ps, children_rescan_s=5.0)
+    for t in range(0, 200):
+        now[0] = float(t)
+        src.poll(float(t), [4242])
+    assert looked == [0.0, 5.0, 15.0, 35.0, 75.0, 135.0, 195.0]
+    ps.cpu[4242] = 0.0  # there after all (e.g. the namespace was a race with its start)
+    for t in range(200, 262):
+        now[0] = float(t)
+        ps.cpu[4242] += 0.25
+        h = src.poll(float(t), [4242])
+    assert [p.pid for p in h.processes] == [4242]
+    assert h.processes[0].cpu_ratio == pytest.approx(0.25)
+    looked.clear()
+    del ps.cpu[4242]  # gone (its tree's read says so): the looks start from the short wait again
+    for t in range(262, 280):
+        now[0] = float(t)
+        src.poll(float(t), [4242])
+    assert looked == [267.0, 277.0]
+
+
 def test_children_are_looked_for_every_few_seconds_not_every_tick() -> None:
     """Finding descendants scans all of /proc; workers live long, so it runs every 5 s."""
     ps = FakePsutil()

@@ -83,6 +83,8 @@ def rate(prev: float | None, cur: float | None, dt_s: float) -> float | None:
     return max(0.0, cur - prev) / dt_s
 
 
+UNSEEN_MAX_S = 60.0
+"""The longest a GPU process this host could not see waits before it is looked up again."""
 CHILDREN_RESCAN_S = 5.0
 """How often the descendants of a GPU process are looked for when nothing says a process was born.
 Where /proc tells (Linux: the newest PID in /proc/loadavg), a birth anywhere on the host triggers a
@@ -364,9 +366,11 @@ class HostSource:
         self._disk_busy: dict[str, int] | None = None
         self._prev_disk_busy: dict[str, int] | None = None
         self._trees: dict[int, _Tree] = {}
-        self._unseen: dict[int, float] = {}
-        """GPU processes this host cannot see (another PID namespace), by when that was found:
-        looked up again only every `children_rescan_s`, not every tick."""
+        self._unseen: dict[int, tuple[float, float]] = {}
+        """GPU processes this host cannot see (another PID namespace): when each is looked up again,
+        and the wait before that look. Not every tick: after `children_rescan_s`, then twice as long
+        each time it is still not seen, up to UNSEEN_MAX_S (a process in another namespace never
+        shows here; each look cost ~11 us, most of a container's host tick)."""
         self._prev_wall: float | None = None
         # the wall clock process start times are on (a simulated host has its own)
         self._wall: Callable[[], float] = getattr(psutil, "gpumon_wall", None) or time.time
@@ -452,13 +456,15 @@ class HostSource:
         out = []
         for pid in pids:
             unseen = self._unseen.get(pid)
-            if unseen is not None and t_s - unseen < self._rescan_s:
+            if unseen is not None and t_s < unseen[0]:
                 continue
             try:
                 out_one = self._process(pid, t_s, dt)
             except self._gone:
                 self._trees.pop(pid, None)
-                self._unseen[pid] = t_s
+                wait = self._rescan_s if unseen is None else max(self._rescan_s, unseen[1] * 2)
+                wait = min(UNSEEN_MAX_S, wait)
+                self._unseen[pid] = (t_s + wait, wait)
                 continue
             self._unseen.pop(pid, None)
             if out_one is not None:
