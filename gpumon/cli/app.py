@@ -25,6 +25,7 @@ from gpumon.core.errors import (
     OutputError,
     UsageError,
 )
+from gpumon.core.terminal import printable
 
 COMMANDS = {
     "devices": "devices",
@@ -115,7 +116,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
     except OutputError as e:  # --help or --version to a full disk (argparse knows only OSError)
         _silence_stdout()
-        print(f"gpumon: error: {e}", file=sys.stderr)
+        print(f"gpumon: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `gpumon --help | head -3`
         _silence_stdout()
@@ -125,7 +126,7 @@ def _main(argv: Sequence[str] | None) -> int:
             sys.stdout.flush()
         except OutputError as e:
             _silence_stdout()
-            print(f"gpumon: error: {e}", file=sys.stderr)
+            print(f"gpumon: error: {one_line(e)}", file=sys.stderr)
             return e.exit_code
         except BrokenPipeError:
             _silence_stdout()
@@ -140,11 +141,11 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
         return code
     except UsageError as e:
-        parser.exit(e.exit_code, f"gpumon {args.command}: error: {e}\n")
+        parser.exit(e.exit_code, f"gpumon {args.command}: error: {one_line(e)}\n")
     except GpumonError as e:
         if isinstance(e, OutputError) and "standard output" in str(e):
             _silence_stdout()
-        print(f"gpumon: error: {e}", file=sys.stderr)
+        print(f"gpumon: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except (KeyboardInterrupt, flags.Interrupted):
         print("gpumon: interrupted", file=sys.stderr)
@@ -159,9 +160,17 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.debug:
             raise
         print(
-            f"gpumon: internal error: {type(e).__name__}: {e} (run with --debug for details)", file=sys.stderr
+            f"gpumon: internal error: {type(e).__name__}: {one_line(e)} (run with --debug for details)",
+            file=sys.stderr,
         )
         return EXIT_INTERNAL
+
+
+def one_line(e: BaseException) -> str:
+    """An error as its line shows it: a value in it (a file name, a server's answer, a trace's
+    field) may hold a terminal escape or a newline, shown as '?' (gpumon.core.terminal), so that
+    it can neither drive the terminal nor forge a line of its own."""
+    return printable(str(e)).replace("\n", "?")
 
 
 class _GuardedStdout:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from gpumon.core.errors import EXIT_OK, OutputError
+from gpumon.core.terminal import printable
 
 
 def add_parser(
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     reason = end.get("reason") if end else None
     reason = reason if isinstance(reason, str) and reason.isprintable() and len(reason) <= 64 else "converted"
     writer.close(end_t, reason if end else None)
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    for w in warnings:  # as every gpumon warning is said (a name from IN shown without its escapes)
+        print(printable(f"gpumon: warning: {w}").replace("\n", "?"), file=sys.stderr)
     note = "" if end else " (IN had no end record: OUT has none either)"
     print(
         f"gpumon: {args.input} -> {args.output}: {writer.ticks} ticks, version {version}, "

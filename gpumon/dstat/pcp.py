@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from gpumon.core import fetch
 from gpumon.core.errors import OutputError
+from gpumon.core.files import open_regular, read_regular
 from gpumon.core.terminal import printable
 
 PLUGIN = """\
@@ -70,6 +72,9 @@ WRAPPER_DIR = Path("/usr/local/bin")
 """Where a system install puts its `dstat` (pcp-dstat with PCP's python3): before /usr/bin in
 Debian's, Ubuntu's and Fedora's default PATH, after a virtualenv's bin/."""
 WRAPPER_MARK = "# gpumon-dstat-wrapper"
+MAX_WRAPPER_BYTES = 64 * 1024
+"""Read of a file found where the wrapper goes, to tell whether it is gpumon's (the wrapper is a
+few hundred bytes, its mark on line 2)."""
 WRAPPER = """\
 #!/bin/sh
 {mark}: written by `gpumon dstat-plugin install --system`, removed by its uninstall.
@@ -108,18 +113,35 @@ def pcp_conf(path: str = "/etc/pcp.conf") -> dict[str, str]:
 
 def which_dstat() -> str | None:
     """`pcp` when `dstat` is pcp-dstat, `dstat` for the original (0.7.4), None when neither."""
-    found = shutil.which("dstat")
+    found = _program_in_path("dstat")
     if found is None:
         return None
     real = os.path.realpath(found)
     if "pcp" in Path(real).name:
         return "pcp"
     try:
-        with open(real, "rb") as f:
+        with open_regular(real) as f:  # (replaced by a FIFO since: refused, never waited on)
             head = f.read(4096)
     except OSError:
         return "dstat"
     return "pcp" if b"from pcp import" in head or b"pcp-dstat" in head else "dstat"
+
+
+def _program_in_path(name: str, path: str | None = None) -> str | None:
+    """The first `name` in `path` (default: PATH) that is a regular file we may execute (symlinks
+    followed), as the shell runs it. shutil.which also takes a FIFO or a device with an x bit, and
+    reading one to tell which dstat it is waited forever."""
+    if path is None:
+        path = os.environ.get("PATH") or os.defpath
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        try:
+            st = os.stat(candidate)  # nothing is opened
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 @dataclass
@@ -630,7 +652,7 @@ def _signal_pmcd() -> None:
 def _write_wrapper(conf: dict[str, str], wrapper_dir: Path, previous: Installed) -> tuple[Path | None, str]:
     """/usr/local/bin/dstat running pcp-dstat with PCP's interpreter, when `dstat` is pcp-dstat.
     Returns the file written (None if none) and a note for the user ("" if none)."""
-    found = shutil.which("dstat", path=CLEAN_PATH)
+    found = _program_in_path("dstat", CLEAN_PATH)
     python = _pcp_python(conf)
     if found is None or python is None:
         return None, ""
@@ -639,9 +661,9 @@ def _write_wrapper(conf: dict[str, str], wrapper_dir: Path, previous: Installed)
         return None, ""  # the original dstat 0.7.4 names /usr/bin/python3 in its #! line
     target = wrapper_dir / "dstat"
     ours = str(target) in previous.files
-    if target.exists() and not ours:
-        try:
-            ours = WRAPPER_MARK in target.read_text(errors="replace")
+    if (target.exists() or target.is_symlink()) and not ours:
+        try:  # (a FIFO there is not ours, and is never waited on)
+            ours = WRAPPER_MARK.encode() in read_regular(str(target), MAX_WRAPPER_BYTES)
         except OSError:
             ours = False
         if not ours:

@@ -6,14 +6,23 @@ Each segment is a trace with its own clock; its ticks are put on one timeline, s
 overlap (a clock stepped back, two daemons on one directory), a tick not later than the one before
 is passed over and counted in the warnings.
 
+A segment is placed by its header's `started_unix_s`, checked against its name (its first tick's
+time, in whole seconds): a header that puts the first tick far from that time, earlier, or later
+when another segment follows, is wrong (a segment runs from its name's time until the next one's),
+and the segment is placed by its name instead, with a warning naming it. Trusted as it was, a header
+an hour ahead put its ticks on the next segments' hour, and those were passed over as overlapping.
+The check costs one comparison per segment, at its first tick.
+
 Nothing recorded is lost to one bad file: a segment that cannot be read (truncated, corrupt, not
 gzip, two files joined, a FIFO or a symlink named like one) is skipped with a warning naming it and
 why, after the ticks it held up to the damage, and the segments after it are read as usual. The
-warnings are bounded (MAX_WARNINGS lines, then a count).
+warnings are bounded per kind (MAX_WARNINGS_PER_KIND lines, then a count of the rest), so that a
+flood of one kind never hides another.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -24,9 +33,15 @@ from gpumon.core.errors import TraceError
 from gpumon.core.model import Tick, UtilPoint
 from gpumon.core.timepoints import EARLIEST_S, LATEST_S
 from gpumon.trace.reader import iter_trace
-from gpumon.trace.segments import Segment, list_segments
+from gpumon.trace.segments import Segment, list_segments, shown_path
 
-MAX_WARNINGS = 50
+MAX_WARNINGS_PER_KIND = 10
+"""Warnings of one kind said for a range: the first few, then one line with the count of the rest.
+Per kind: 200 stray files once took all the places of a shared cap, and the overlap of two
+segments, which costs ticks, was never said."""
+HEADER_SLACK_S = 2.0
+"""How far a segment's first tick, placed by its header, may be from its name's time (the first
+tick's, in whole seconds, so up to 1 s before it) before the header is doubted."""
 
 
 @dataclass
@@ -49,16 +64,21 @@ class Span:
     """Why the first of them was skipped (what an empty range says; a stray file named like a
     segment is only warned of)."""
     warnings: list[str] = field(default_factory=list)
-    more_warnings: int = 0
+    said: dict[str, int] = field(default_factory=dict)
+    """Warnings kept, per kind."""
+    more_warnings: dict[str, int] = field(default_factory=dict)
+    """Warnings not shown, per kind."""
     after_until_unix_s: float | None = None
     """The latest time known to be recorded after `until_unix_s` (None: nothing is)."""
     now_unix_s: float = 0.0
 
-    def warn(self, text: str) -> None:
-        if len(self.warnings) < MAX_WARNINGS:
+    def warn(self, text: str, kind: str) -> None:
+        n = self.said.get(kind, 0)
+        if n < MAX_WARNINGS_PER_KIND:
+            self.said[kind] = n + 1
             self.warnings.append(text)
         else:
-            self.more_warnings += 1
+            self.more_warnings[kind] = self.more_warnings.get(kind, 0) + 1
 
 
 def select(segments: list[Segment], since: float, until: float) -> list[Segment]:
@@ -102,27 +122,47 @@ def read_range(
     origin = max(since, chosen[0].start_unix_s - 60) if chosen else since
     span = Span(directory, since, until, origin)
     for w in skipped:
-        span.warn(w)
+        span.warn(w, "stray files")
     later = [s.start_unix_s for s in segments if s.start_unix_s >= until]
     span.after_until_unix_s = later[-1] if later else None
     span.now_unix_s = time.time() if now is None else now
-    return span, _ticks(span, chosen, gpus, segments[-1].path if segments else None)
+    # where each segment's time ends: the next one's start (the newest's, never)
+    ends = {s.path: n.start_unix_s for s, n in itertools.pairwise(segments)}
+    return span, _ticks(span, chosen, gpus, ends, segments[-1].path if segments else None)
 
 
 def _iso(unix_s: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(unix_s))
 
 
+def _placed(seg: Segment, started: float, first_t_s: float, ends: float) -> float:
+    """The segment's start (what its ticks' t_s are added to): its header's `started`, unless that
+    puts its first tick more than HEADER_SLACK_S from its name's time, earlier (on the segments
+    before) or later while another segment follows (on that one's time): then its name's. A header
+    ahead of the newest segment's name costs no other segment: it is kept."""
+    first = started + first_t_s
+    if abs(first - seg.start_unix_s) <= HEADER_SLACK_S:
+        return started
+    if first < seg.start_unix_s or ends < math.inf:
+        return seg.start_unix_s - first_t_s
+    return started
+
+
 def _ticks(
-    span: Span, chosen: list[Segment], gpus: GpuSelection | None, newest: str | None
+    span: Span,
+    chosen: list[Segment],
+    gpus: GpuSelection | None,
+    ends: dict[str, float],
+    newest: str | None,
 ) -> Iterator[Tick]:
     last = -math.inf
     for seg in chosen:
         span.segments.append(seg.path)
         warnings: list[str] = []
+        kinds: list[str] = []
         read = 0
         try:
-            items = iter_trace(seg.path, warnings, gpus)
+            items = iter_trace(seg.path, warnings, gpus, kinds)
             header = next(items)
             assert isinstance(header, dict)
             started = header.get("started_unix_s")
@@ -139,6 +179,16 @@ def _ticks(
             for item in items:
                 if not isinstance(item, Tick):
                     continue
+                if read == 0:
+                    placed = _placed(seg, started, item.t_s, ends.get(seg.path, math.inf))
+                    if placed != started:
+                        span.warn(
+                            f"{shown_path(seg.path)}: its header's started_unix_s {started:.0f} puts its "
+                            f"first tick at {_iso(started + item.t_s)}, not at {_iso(seg.start_unix_s)} "
+                            "as its name says: placed by its name",
+                            "segment headers off their names",
+                        )
+                        started = placed
                 unix = started + item.t_s
                 if not EARLIEST_S <= unix <= LATEST_S:
                     raise TraceError(
@@ -165,16 +215,18 @@ def _ticks(
             span.skipped_segments += 1
             kept = f"its first {read} tick(s) read, the rest" if read else "segment"
             warnings.append(f"{e}: {kept} skipped")
+            kinds.append("unreadable segments")
             if span.first_skipped is None:
                 span.first_skipped = warnings[-1]
-        if seg.path == newest:  # being written, most likely: no end yet is no news
-            warnings = [w for w in warnings if "without its end" not in w and "partial last record" not in w]
-        for w in warnings:
-            span.warn(w)
+        for w, kind in zip(warnings, kinds, strict=True):
+            if seg.path == newest and kind in ("torn", "partial"):
+                continue  # being written, most likely: no end yet is no news
+            span.warn(w, kind)
     if span.overlapping:
         span.warn(
             f"{span.directory}: {span.overlapping} tick(s) passed over: segments overlap in time "
-            "(a clock stepped back, or two daemons writing one directory)"
+            "(a clock stepped back, or two daemons writing one directory)",
+            "overlap",
         )
     after = span.after_until_unix_s
     if after is not None and after > span.now_unix_s:  # a range that ends before the data: say why
@@ -182,10 +234,11 @@ def _ticks(
             f"{span.directory}: the recording goes on after the range, to {_iso(after)} or later, "
             f"which is after now: a simulation run faster than real time (--speed) is stamped ahead "
             f"of the wall clock; the range ends at {_iso(span.until_unix_s)}: leave out --until to "
-            "read the whole recording"
+            "read the whole recording",
+            "after now",
         )
-    if span.more_warnings:
-        span.warnings.append(f"{span.directory}: {span.more_warnings} more warning(s) not shown")
+    for kind, n in span.more_warnings.items():
+        span.warnings.append(f"{span.directory}: {n} more warning(s) not shown ({kind})")
 
 
 def _shift(tick: Tick, dt: float) -> Tick:

@@ -82,7 +82,10 @@ million times): the first few, then one line with the count of the rest."""
 
 
 def iter_trace(
-    path: str, warnings: list[str] | None = None, wanted: Callable[[int], bool] | None = None
+    path: str,
+    warnings: list[str] | None = None,
+    wanted: Callable[[int], bool] | None = None,
+    kinds: list[str] | None = None,
 ) -> Iterator[dict[str, Any] | Tick]:
     """Yield the header dict, then Ticks, then the end dict if present. Either version.
 
@@ -91,8 +94,11 @@ def iter_trace(
     goes back in time, a line that is not JSON elsewhere, or a malformed record is an error naming
     the line (version 2: the record and the compressed byte offset). Unknown record types and
     unknown fields are ignored (forward compatibility).
+
+    `kinds`, when given, gets each warning's kind ("torn", "repeated t_s", ...), one per line
+    added to `warnings`: a reader of many files bounds its warnings per kind (gpumon.trace.range).
     """
-    reader = _Reader(path, warnings if warnings is not None else [])
+    reader = _Reader(path, warnings if warnings is not None else [], kinds)
     reader.wanted = wanted
     try:
         f = open_regular(path)  # a FIFO would block, a device never end
@@ -191,9 +197,11 @@ def _iter_gzip(f: Any, reader: _Reader) -> Iterator[dict[str, Any] | Tick]:
 
 
 class _Reader:
-    def __init__(self, path: str, warnings: list[str]) -> None:
+    def __init__(self, path: str, warnings: list[str], kinds: list[str] | None = None) -> None:
         self.path = path
         self.warnings = warnings
+        self.warning_kinds = kinds
+        """The kind of each line added to `warnings`, when the caller asked."""
         self.last_t: float | None = None
         self.decoder: Any = None
         """Set by a version 2 header: turns its compact tick records back into version 1's."""
@@ -210,15 +218,18 @@ class _Reader:
         """A warning, kept when it is among the first WARNINGS_PER_KIND of its kind."""
         n = self._kinds[kind] = self._kinds.get(kind, 0) + 1
         if n <= WARNINGS_PER_KIND:
-            self.warnings.append(text)
+            self._add(kind, text)
+
+    def _add(self, kind: str, text: str) -> None:
+        self.warnings.append(text)
+        if self.warning_kinds is not None:
+            self.warning_kinds.append(kind)
 
     def finish(self) -> None:
         """One line for each kind of warning that had more than were kept."""
         for kind, n in self._kinds.items():
             if n > WARNINGS_PER_KIND:
-                self.warnings.append(
-                    f"{self.path}: {n - WARNINGS_PER_KIND} more warning(s) like these ({kind})"
-                )
+                self._add(kind, f"{self.path}: {n - WARNINGS_PER_KIND} more warning(s) like these ({kind})")
         self._kinds.clear()
 
     def _error(self, lineno: int, reason: str) -> TraceError:

@@ -8,6 +8,8 @@
 ###   2. NVML straight through ctypes (libnvidia-ml.so.1): utilization and memory, state "-";
 ###   3. neither: one line saying what to start or install, and dstat exits 8, also when other
 ###      columns were asked for (`dstat -c --gpu`): asked for GPUs, it never runs without them.
+### A daemon that refuses the credentials (HTTP 401 or 403) answered: one line saying so and how to
+### give them, and exit 8, not NVML's numbers without the verdict the user asked the daemon for.
 ### A state that is not gpumon's (a list, wrong types, NaN) counts as no answer: never a traceback.
 ###
 ### Columns per GPU: util (%), mem (% used), state (on screen and in --output CSV alike, as
@@ -67,6 +69,9 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         self.url = None
         self.lib = None
         self.handles = []
+        self.refused = None
+        """The daemon's HTTP status when it refused the credentials (401, 403), else None."""
+        self.sent_credentials = False
 
     # -- where the numbers come from -------------------------------------------------------------
 
@@ -76,6 +81,21 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
 
         self.url = os.environ.get("GPUMON_URL", "http://127.0.0.1:9877").rstrip("/")
         gpus = _gpumon_gpus(self._daemon_state())
+        if self.refused is not None:
+            # it answered: "did not answer" would send the user to start a running daemon
+            sys.stderr.write(
+                "%s: the gpumon daemon at %s refused %s (HTTP %d): give USER:PASSWORD as "
+                "GPUMON_URL=http://USER:PASSWORD@HOST:PORT or GPUMON_BASIC_AUTH=USER:PASSWORD "
+                "(the daemon's web config file holds its users)\n"
+                % (
+                    os.path.basename(getattr(self, "filename", "dstat_gpu")).split(".")[0],
+                    _gpumon_shown(self.url),
+                    "the credentials given" if self.sent_credentials else "access without credentials",
+                    self.refused,
+                )
+            )
+            sys.stderr.flush()
+            os._exit(8)
         if gpus is not None:
             self.mode = "daemon"
             columns = [_gpumon_column(g) for g in gpus]
@@ -124,6 +144,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
         from urllib.parse import unquote, urlsplit
 
         deadline = time.monotonic() + 1.0
+        self.refused = None
         try:
             url = urlsplit(self.url)
             if url.scheme not in ("http", "https"):
@@ -135,6 +156,7 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
                 creds = unquote(url.username) + ":" + unquote(url.password or "")
             else:
                 creds = os.environ.get("GPUMON_BASIC_AUTH") or ""
+            self.sent_credentials = bool(creds)
             if creds:
                 raw = creds.encode("utf-8", "surrogateescape")  # (an environment's bytes, as given)
                 headers += "Authorization: Basic %s\r\n" % base64.b64encode(raw).decode()
@@ -159,7 +181,11 @@ class dstat_plugin(_gpumon_base):  # noqa: N801 - the name dstat looks for
                         break
                     data += chunk
             head, _, body = data.partition(b"\r\n\r\n")
-            if not head.startswith(b"HTTP/1.") or head.split(b" ", 2)[1:2] != [b"200"]:
+            status = head.split(b" ", 2)[1:2] if head.startswith(b"HTTP/1.") else []
+            if status in ([b"401"], [b"403"]):
+                self.refused = int(status[0])
+                return None
+            if status != [b"200"]:
                 return None
             return _json.loads(body.decode())
         except Exception:
