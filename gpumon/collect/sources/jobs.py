@@ -52,8 +52,10 @@ log = logging.getLogger("gpumon.jobs")
 
 DEFAULT_JOBS_DIR = "/run/gpumon/jobs"
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
-_FILE = re.compile(r"^gpu([0-9]+)(\.mig[0-9]+)?\.job([0-9A-Za-z_.+-]+)$")
-"""gpu<INDEX>.job<JOBID>, or gpu<PARENT>.mig<N>.job<JOBID> for a MIG instance (named by its UUID)."""
+_FILE = re.compile(r"^gpu([0-9]+)(\.mig[0-9]+)?\.job([0-9][0-9_+]*)$")
+"""gpu<INDEX>.job<JOBID>, or gpu<PARENT>.mig<N>.job<JOBID> for a MIG instance (named by its UUID).
+A Slurm job id is digits, with `_` (an array task) or `+` (a heterogeneous job's component) at
+most: the prolog and epilog refuse any other (a `.` or `..` would name another path)."""
 _V2 = re.compile(r"^/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/step_([0-9a-z_]+))?(?:/|$)")
 """cgroup v2: slurmstepd's own scope (`<nodename>_slurmstepd.scope` with several slurmds)."""
 _POD = re.compile(
@@ -65,6 +67,8 @@ _V1 = re.compile(r"^/slurm(?:_[^/]+)?/uid_([0-9]{1,10})/job_([0-9]+)(?:/step_([0
 MAX_FILE_BYTES = 4096
 MAX_INDEX_DIGITS = 6
 """A GPU index is a few ASCII digits: a longer name is no GPU's."""
+MAX_GPU_INDEX = 4095
+"""The highest GPU index a job may name (a trace holds 4096 GPUs at most: no node has more)."""
 MAX_FILES = 4096
 """Job files kept from one directory: a node runs a few jobs per GPU at most."""
 MAX_READS_PER_TICK = 64
@@ -125,9 +129,9 @@ def parse_mapping_file(name: str, text: str, boot_id: str | None) -> MappedJob:
     uid_text = values.get("uid", "")
     uid = _number(uid_text, 10)
     ref = JobRef(values.get("scheduler") or "slurm", shown, values.get("user") or None, None, "prolog")
-    index = _number(gpu_index, MAX_INDEX_DIGITS)
+    index = _gpu_index(gpu_index)
     if index is None:
-        raise ValueError("its GPU index is not a GPU's")
+        raise ValueError(f"its GPU index is not a GPU's (0 to {MAX_GPU_INDEX})")
     return MappedJob(index, uuid, ref._replace(started_unix_s=started), job, uid)
 
 
@@ -220,7 +224,7 @@ class JobSource:
                 if kind == "uuid":
                     target = by_uuid.setdefault(value, [])
                 else:
-                    index = _number(value, MAX_INDEX_DIGITS)
+                    index = _gpu_index(value)
                     if index is None:
                         continue  # not a GPU index (e.g. "²", a digit to str.isdigit, not to int)
                     target = by_index.setdefault(index, [])
@@ -446,7 +450,7 @@ class JobSource:
         assert self.dcgm_dir is not None
         try:
             with os.scandir(self.dcgm_dir) as it:
-                entries = [(e, i) for e in it if (i := _number(e.name, MAX_INDEX_DIGITS)) is not None]
+                entries = [(e, i) for e in it if (i := _gpu_index(e.name)) is not None]
         except OSError as e:
             self.problems.note("jobs:dcgm-dir", f"jobs: cannot read {self.dcgm_dir}: {e.strerror}")
             return False, f"cannot read {self.dcgm_dir}: {e.strerror}"
@@ -556,6 +560,12 @@ def _number(text: str, max_digits: int) -> int | None:
     if not (text.isascii() and text.isdigit()) or len(text) > max_digits:
         return None
     return int(text)
+
+
+def _gpu_index(text: str) -> int | None:
+    """`text` as a GPU index (ASCII digits, 0 to MAX_GPU_INDEX), else None."""
+    index = _number(text, MAX_INDEX_DIGITS)
+    return index if index is not None and index <= MAX_GPU_INDEX else None
 
 
 def _listdir(path: str) -> list[str]:

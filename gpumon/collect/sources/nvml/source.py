@@ -56,6 +56,10 @@ now: a driver's glitch (see NvmlSource._not_ahead)."""
 AHEAD_POLLS = 3
 """Readings in a row with only samples ahead of now before the driver's clock is taken to have
 jumped (and followed)."""
+STALE_PROBE_MAX_POLLS = 60
+"""A GPU whose readings have nothing newer than the last seen sample has the driver's whole ring
+read once after AHEAD_POLLS such readings, then after twice as many, and so on up to once every
+this many (see NvmlSource._stale): an idle GPU costs few calls more."""
 DRIVER = "driver"
 INIT_ALLOW_S = 60.0
 """How long nvmlInit may take before its thread is given up: without persistence mode the driver
@@ -429,7 +433,7 @@ class NvmlSource(MigReading, ClockReading):
         except self._error_type as e:
             code = codes.code_of(e)
             if code == codes.NOT_FOUND:  # nothing newer than last seen: an idle or quiet GPU
-                return ()
+                return self._stale(state, t_s)
             if code in codes.UNSUPPORTED:
                 state.unsupported.add("samples")
                 return ()
@@ -441,7 +445,7 @@ class NvmlSource(MigReading, ClockReading):
             return ()
         fresh = fresh_pairs(value_type, raw, state.last_seen_ts_us)
         if not fresh:
-            return ()
+            return self._stale(state, t_s)
         newest = fresh[-1][0]
         offset = state.aligner.observe(t_s, newest, AHEAD_S)
         if offset is None:  # stamped ahead of now (the first poll has no offset to judge by)
@@ -459,7 +463,51 @@ class NvmlSource(MigReading, ClockReading):
             # The buffer's history from before we started: keep only the last second of it.
             state.first_poll = False
             points = [p for p in points if p.t_s > t_s - 1.0]
+            # No offset judged the newest sample: where it was stamped ahead, what follows it in
+            # the ring tells (_stale)
+            state.below = (newest, next((ts for ts, _ in reversed(fresh) if ts < newest), 0))
         return tuple(points)
+
+    def _stale(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
+        """A reading with nothing newer than the last seen sample: an idle GPU, or a last seen
+        ahead of the driver's clock, which would hide every later sample for good: the driver's
+        clock went back (a GPU reset), or the first reading's newest was stamped ahead (there was
+        no offset yet to judge it by). After AHEAD_POLLS such readings in a row (then twice as
+        many, and so on: STALE_PROBE_MAX_POLLS), the driver's whole ring is read once; where its
+        samples go on below the last seen, they are followed from now, on a fresh clock offset."""
+        last = state.last_seen_ts_us
+        if not last:
+            return ()
+        since, n = state.stale
+        n = n + 1 if since == last else 1
+        state.stale = (last, n)
+        k, r = divmod(n, AHEAD_POLLS)
+        if r or (k & (k - 1) if n < STALE_PROBE_MAX_POLLS else n % STALE_PROBE_MAX_POLLS):
+            return ()
+        try:
+            value_type, raw = self._nvml.nvmlDeviceGetSamples(state.handle, GPU_UTILIZATION_SAMPLES, 0)
+        except self._error_type:
+            return ()  # an empty ring (NOT_FOUND), or a failure that the next reading tells
+        ring = fresh_pairs(value_type, raw, 0)
+        if not ring or ring[-1][0] > last:
+            return ()  # newer samples after all: the next reading takes them
+        kept = [p for p in ring if p[0] < last]
+        if ring[-1][0] == last:  # the last seen is still there: are samples coming below it?
+            below = kept[-1][0] if kept else 0
+            seen_last, seen_below = state.below
+            state.below = (last, below)
+            if seen_last != last or below <= seen_below:
+                return ()  # nothing came since: an idle GPU (or the first look)
+        # the driver's clock is below the last seen: follow it from now
+        newest = kept[-1][0]
+        state.aligner = SampleClockAligner()
+        offset = state.aligner.observe(t_s, newest)
+        assert offset is not None
+        state.last_seen_ts_us = newest
+        state.stale = state.below = (0, 0)
+        state.ahead_polls = 0
+        state.first_poll = False
+        return tuple(p for p in to_points(kept, offset) if p.t_s > t_s - 1.0)
 
     def _not_ahead(self, state: GpuState, fresh: list[tuple[int, int]], t_s: float) -> list[tuple[int, int]]:
         """Samples stamped after now (by the clocks' offset so far): one glitch of a driver would

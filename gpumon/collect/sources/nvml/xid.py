@@ -5,12 +5,18 @@ stop is obeyed within `wait_ms` (shutdown stays under 2 s). Counts only grow whi
 a Prometheus counter, not a gauge that sticks at the last code (dcgm-exporter #190). The event
 carries the device handle, mapped back to the GPU index it was registered under, with no NVML
 call: a GPU that falls off the bus reports XID 79 and is lost at the same moment.
+
+Logging is bounded apart from counting: a failing GPU can raise thousands of XIDs a second (an XID
+storm), and a line each flooded the journal. A GPU's first XID of each code is logged at once; the
+rest are summed per GPU and code into one line a minute at most (SUMMARY_S), with their counts.
+Every event is still counted for the metrics.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +39,15 @@ counted for the whole GPU, so that a driver's odd ids make no unbounded count of
 MAX_CODES = 64
 """Distinct XID codes counted per GPU or instance (NVIDIA's list has about 150, a GPU sees a few):
 a driver giving odd event data makes no unbounded count of codes, nor of /metrics series."""
+SUMMARY_S = 60.0
+"""After a GPU's first XID of a code (logged at once), its further XIDs are logged as one line with
+their counts, at most once this often per GPU: an XID storm does not flood the journal."""
+SUMMARY_CODES = 8
+"""Codes a summary line names, the most frequent first (the rest summed as "other codes")."""
+OTHER_CODES = -1
+"""Where a summary sums the codes beyond MAX_CODES (XID codes are never negative)."""
+UNREGISTERED = -1
+"""The "GPU" whose lines tell of events on a device gpumon did not register (not counted)."""
 DEFAULT_WAIT_MS = 1000
 """One wake-up a second while no event comes (the driver sleeps in the kernel meanwhile); a stop is
 obeyed within it, and stop() waits 1.5 s."""
@@ -58,7 +73,9 @@ class XidWatcher:
         wait_ms: int = DEFAULT_WAIT_MS,
         wall_clock: Callable[[], float] = time.time,
         retry_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`wall_clock` stamps the last XID (Unix time, for /metrics); `clock` paces the log lines."""
         self._nv = nvml
         self._problems = problems
         self._wait_ms = wait_ms
@@ -70,6 +87,14 @@ class XidWatcher:
         self._lock = threading.Lock()
         self._counts: dict[Key, dict[int, int]] = {}
         self._last: dict[Key, tuple[int, float]] = {}
+        self._clock = clock
+        self._told: dict[int, set[int]] = {}
+        """Per GPU, the codes whose first XID was logged (MAX_CODES at most)."""
+        self._untold: dict[int, dict[int, int]] = {}
+        """Per GPU, the XIDs by code since its last line (codes beyond MAX_CODES as OTHER_CODES)."""
+        self._next_line: dict[int, float] = {}
+        """Per GPU, when its next summary line may be logged (by `clock`)."""
+        self._next_flush = -math.inf
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.supported = True
@@ -111,15 +136,21 @@ class XidWatcher:
                 data = None
             if self._problems.any_active:  # waiting works (again)
                 self._problems.clear("nvml:xid")
-            if data is None:
-                continue
-            if int(data.eventType) & XID_CRITICAL_ERROR:
+            if data is not None and int(data.eventType) & XID_CRITICAL_ERROR:
                 self.record(data.device, int(data.eventData), int(data.gpuInstanceId))
+            if self._untold:  # a storm that has stopped still gets its last line
+                self.flush_summaries()
 
     def record(self, device: Any, xid: int, gpu_instance: int = NO_INSTANCE) -> None:
         index = self._indices.get(handle_key(device))
-        if index is None:
-            log.warning("XID %d on a device gpumon did not register; not counted", xid)
+        now = self._clock()
+        if index is None:  # not counted; its lines are paced like a GPU's
+            with self._lock:
+                first, summary = self._pace(UNREGISTERED, xid, now)
+            if first:
+                log.warning("XID %d on a device gpumon did not register; not counted", xid)
+            if summary:
+                log.warning("%s", summary)
             return
         key: Key = (index, gpu_instance if 0 <= gpu_instance < MAX_INSTANCE else None)
         with self._lock:
@@ -127,8 +158,62 @@ class XidWatcher:
             if xid in per or len(per) < MAX_CODES:
                 per[xid] = per.get(xid, 0) + 1
             self._last[key] = (xid, self._wall())
-        where = f"gpu {index}" + (f" mig {key[1]}" if key[1] is not None else "")
-        log.warning("%s: XID %d", where, xid)
+            first, summary = self._pace(index, xid, now)
+        if first:
+            where = f"gpu {index}" + (f" mig {key[1]}" if key[1] is not None else "")
+            log.warning(
+                "%s: XID %d (further XIDs on gpu %d: one line a minute at most, with their counts)",
+                where,
+                xid,
+                index,
+            )
+        if summary:
+            log.warning("%s", summary)
+
+    def _pace(self, index: int, xid: int, now: float) -> tuple[bool, str | None]:
+        """Whether this XID is the GPU's first of its code (logged at once), and the summary line
+        that is due with it. Under the lock."""
+        told = self._told.setdefault(index, set())
+        if xid not in told and len(told) < MAX_CODES:
+            told.add(xid)
+            self._next_line.setdefault(index, now + SUMMARY_S)
+            return True, None
+        untold = self._untold.setdefault(index, {})
+        code = xid if xid in untold or len(untold) < MAX_CODES else OTHER_CODES
+        untold[code] = untold.get(code, 0) + 1
+        return False, self._summary(index, now) if now >= self._next_line.get(index, now) else None
+
+    def _summary(self, index: int, now: float) -> str | None:
+        """The GPU's line for the XIDs since its last one (None: none), and the next one's time."""
+        untold = self._untold.pop(index, None)
+        if not untold:
+            return None
+        self._next_line[index] = now + SUMMARY_S
+        total = sum(untold.values())
+        other = untold.pop(OTHER_CODES, 0)
+        ranked = sorted(untold.items(), key=lambda cn: (-cn[1], cn[0]))
+        other += sum(n for _, n in ranked[SUMMARY_CODES:])
+        named = [f"XID {code} x{n}" for code, n in ranked[:SUMMARY_CODES]]
+        by_code = ", ".join([*named, f"other codes x{other}"] if other else named)
+        if index == UNREGISTERED:
+            return f"{total} more XIDs on devices gpumon did not register (not counted): {by_code}"
+        return f"gpu {index}: {total} more XIDs since its last line: {by_code}"
+
+    def flush_summaries(self) -> None:
+        """Log the summaries that are due (a storm that stopped has no next event to carry its
+        line); looked at once a second at most."""
+        now = self._clock()
+        if now < self._next_flush:
+            return
+        self._next_flush = now + 1.0
+        with self._lock:
+            lines = [
+                line
+                for index in [i for i in self._untold if now >= self._next_line.get(i, now)]
+                if (line := self._summary(index, now))
+            ]
+        for line in lines:
+            log.warning("%s", line)
 
     def seen(self, index: int, mig: int | None) -> tuple[tuple[XidCount, ...], tuple[int, float] | None]:
         if not self._counts:  # every GPU on every tick asks: the usual answer without the lock
