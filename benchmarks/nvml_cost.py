@@ -29,7 +29,7 @@ reads 6 new utilization samples per GPU, as a daemon's 1 s tick does.
     python -m benchmarks.nvml_cost --mig 7               (one H100 in MIG mode, 7 instances)
 
 --mig: the cost of a second on the stand-in with one GPU in MIG mode: one tick plus the
-sampler's four GPM steps between ticks (MIG_GPM_HZ = 5), against the same tick with GPM off.
+sampler's four GPM steps between ticks (gpm.ACTIVITY_HZ = 5), against the same tick with GPM off.
 
 measures the same contenders on the machine's own GPUs (no peers), ticks 0.11 s apart so that
 each GPM read takes a sample (NVML's samples must be more than 100 ms apart).

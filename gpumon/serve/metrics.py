@@ -117,7 +117,7 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
     wasted = counter(
         "gpumon_gpu_wasted_seconds",
         "GPU-seconds wasted: the idle share of starved and underutilized time, all of "
-        "stalled and sync-stall time.",
+        "stalled time, and of sync-stall time the share spent waiting.",
         labels=GPU_LABELS,
     )
     episodes = counter(
