@@ -102,6 +102,8 @@ ADVICE = {
 KNOBS = {"torch": "DataLoader(num_workers)", "keras": "PyDataset(workers)"}
 """The setting a change of loader workers is, per framework (the daemon's advice says "loader
 workers")."""
+FRAMEWORKS = tuple(KNOBS)
+"""The `framework=` values with advice of their own; any other is the general advice."""
 
 
 def fix_line(advice: Any, framework: str | None) -> str | None:
@@ -112,11 +114,14 @@ def fix_line(advice: Any, framework: str | None) -> str | None:
     line = advice.get("line")
     if not isinstance(line, str) or not line:
         return None
-    return line.replace("loader workers", KNOBS.get(framework or "", "loader workers"))
+    knob = KNOBS.get(framework, "loader workers") if isinstance(framework, str) else "loader workers"
+    return line.replace("loader workers", knob)
 
 
 def advice(label: str, framework: str | None) -> str:
     cause = label.split("-", 1)[1] if label.startswith("starved-") else label
+    if not isinstance(framework, str):  # (a list would make the key unhashable: no line at all)
+        framework = None
     return ADVICE.get((cause, framework)) or ADVICE.get((cause, None)) or ""
 
 
@@ -175,12 +180,17 @@ class Watch:
         callback prints them between steps, so they do not cut through a progress bar). Never
         raises: what cannot be used (an interval that is not a number of seconds, credentials no
         header can carry) is one line, and the defaults or no watching."""
-        self.framework = framework
         self.log = log or _print
         self.defer = defer
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._generation = 0
+        """Which run this is (`_new_run` counts them): a question asked for an earlier run (a slow
+        one, still out when that run stopped) has its answer dropped, not read into this one."""
+        self._lock = threading.Lock()
+        """Held while a run's readings change: by `_new_run`, and by a poll reading its answer
+        (never while it asks the daemon or says a line)."""
         self._reported: OrderedDict[tuple[str, float], None] = OrderedDict()
         self._advised: OrderedDict[tuple[str, float], None] = OrderedDict()
         """Episodes whose fix line (what a fix buys) has been said."""
@@ -198,6 +208,7 @@ class Watch:
         self._started_unix = time.time()
         self._found_at: float | None = None
         problems: list[str] = []
+        self.framework = _framework(framework, problems)
         self.every_s = _seconds(every_s, "every_s", EVERY_S, MAX_EVERY_S, problems)
         self.timeout_s = _seconds(timeout_s, "timeout_s", TIMEOUT_S, MAX_TIMEOUT_S, problems)
         self.url, self.gpus, self.pid, self._auth = DEFAULT_URL, None, os.getpid(), {}
@@ -225,7 +236,7 @@ class Watch:
                 if self._stop.is_set():
                     self._new_run()
                 self._thread = threading.Thread(
-                    target=self._run, args=(self._stop,), name="gpumon-watch", daemon=True
+                    target=self._run, args=(self._stop, self._generation), name="gpumon-watch", daemon=True
                 )
                 self._thread.start()
         except Exception:  # (no thread to be had): the training runs on, unwatched
@@ -250,7 +261,9 @@ class Watch:
                 self._thread.join(max(0.0, deadline - time.monotonic()))
                 self._thread = None
             if summary and self._reachable:
-                last = threading.Thread(target=self._final, name="gpumon-watch-end", daemon=True)
+                last = threading.Thread(
+                    target=self._final, args=(self._generation,), name="gpumon-watch-end", daemon=True
+                )
                 last.start()
                 last.join(max(0.0, deadline - time.monotonic()))
             self.drain()
@@ -258,19 +271,27 @@ class Watch:
             pass
 
     def _new_run(self) -> None:
-        """Forget the last run (a thread of it still asking the daemon stops at its own event)."""
-        self._stop = threading.Event()
-        self._reported, self._advised = OrderedDict(), OrderedDict()
-        self._first, self._judged_from, self._last = {}, {}, OrderedDict()
-        self._said_which, self._found_at = False, None
-        self._started_at, self._started_unix = time.monotonic(), time.time()
+        """Forget the last run (a thread of it still asking the daemon stops at its own event, and
+        what it is still asking is dropped when the answer comes: it is the last run's)."""
+        with self._lock:
+            self._generation += 1
+            self._stop = threading.Event()
+            self._reported, self._advised = OrderedDict(), OrderedDict()
+            self._first, self._judged_from, self._last = {}, {}, OrderedDict()
+            self._said_which, self._found_at = False, None
+            self._started_at, self._started_unix = time.monotonic(), time.time()
 
-    def _final(self) -> None:
-        self._poll()
+    def _final(self, generation: int) -> None:
+        self._poll(generation)
         try:
-            self._say_summary()
+            with self._lock:
+                if generation != self._generation:
+                    return  # (the next run began while this asked: the summary is the old run's)
+                lines = self._summary()
         except Exception:  # a daemon of another version: no summary rather than a wrong one
-            pass
+            return
+        for line in lines:
+            self._say(line)
 
     def __enter__(self) -> Watch:
         return self.start()
@@ -280,10 +301,10 @@ class Watch:
 
     # -- the background thread ---------------------------------------------------------------------
 
-    def _run(self, stop: threading.Event) -> None:
+    def _run(self, stop: threading.Event, generation: int) -> None:
         while not stop.is_set():
             try:
-                self._poll()
+                self._poll(generation)
             except Exception:  # whatever goes wrong, the watch goes quiet: the training goes on
                 pass
             stop.wait(self.every_s if self._reachable else QUIET_RETRY_S)
@@ -303,11 +324,15 @@ class Watch:
         except Exception:  # the user's log function failing is not the watch's to raise
             pass
 
-    def _poll(self) -> None:
+    def _poll(self, generation: int | None = None) -> None:
+        """Ask the daemon once, for run `generation` (the current one when None)."""
+        run = self._generation if generation is None else generation
         try:
             body = get(self.url + "/api/v1/state", self._auth, self.timeout_s, MAX_STATE_BYTES)
             state = json.loads(body)
         except Exception as e:  # unreachable, slow, too large, not JSON, nested too deep
+            if run != self._generation:
+                return  # asked for a run that has ended: the new run's own questions say what they find
             if self._reachable is None:  # said once; later failures (a daemon restarting) stay quiet
                 why = getattr(e, "reason", None) or str(e) or type(e).__name__
                 shown = _without_password(self.url)
@@ -315,27 +340,34 @@ class Watch:
                 self._say(f"gpumon: no daemon at {shown} ({why}): no GPU starvation reports for this run")
                 self._reachable = False
             return
+        if run != self._generation:
+            return  # an answer for a run that has ended (stop, then start): not this run's reading
         self._reachable = True
         if not isinstance(state, dict):
             return  # not a gpumon state: say nothing rather than something wrong
+        tree = process_tree(self.pid) if self.gpus is None else set()
+        said: list[str] = []
         try:
-            self._look(state)
+            with self._lock:  # (checked again: the next run may have begun since)
+                if run == self._generation:
+                    self._look(state, tree, said)
         except Exception:
-            return  # a daemon of another version: say nothing rather than something wrong
+            pass  # a daemon of another version: say nothing rather than something wrong
+        for line in said:
+            self._say(line)
 
-    def _mine(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+    def _mine(self, state: dict[str, Any], tree: set[int], said: list[str]) -> list[dict[str, Any]]:
         listed = state.get("gpus")
         gpus = [g for g in listed[:MAX_GPUS] if _named(g)] if isinstance(listed, list) else []
         if self.gpus is not None:
             named = [g for g in gpus if g.get("index") in self.gpus or g.get("uuid") in self.gpus]
             if not named and gpus and not self._said_which and time.monotonic() - self._started_at > FIND_S:
                 self._said_which = True  # (said nothing: a container's own numbering, a CUDA order)
-                self._say(
+                said.append(
                     f"gpumon: after {FIND_S:.0f} s, no GPU named by gpus= is among the daemon's "
                     "(name them by UUID, or by the host's nvidia-smi index)"
                 )
             return named
-        tree = process_tree(self.pid)
         mine = [g for g in gpus if tree & set(g.get("pids") or ())]
         if mine:
             self._found_at = self._found_at or time.monotonic()
@@ -345,17 +377,18 @@ class Watch:
             and any(g.get("pids") for g in gpus)
         ):
             self._said_which = True  # the GPUs' processes are someone else's, or hidden by a namespace
-            self._say(
+            said.append(
                 f"gpumon: after {FIND_S:.0f} s, none of this job's processes is on a GPU the daemon sees "
                 "(in a container? pass gpus=[...] to the callback)"
             )
         return mine
 
-    def _look(self, state: dict[str, Any]) -> None:
+    def _look(self, state: dict[str, Any], tree: set[int], said: list[str]) -> None:
+        """Read one answer into the run's readings; the lines it has to say go to `said`."""
         now = float(state.get("time_unix_s") or time.time())
         if not math.isfinite(now):  # (JSON from Python may say NaN or Infinity)
             now = time.time()
-        for g in self._mine(state):
+        for g in self._mine(state, tree, said):
             key = g.get("uuid") or str(g["index"])
             current = next(
                 (e for e in reversed(g.get("episodes") or []) if e.get("end_unix_s") is None), None
@@ -384,7 +417,7 @@ class Watch:
             if episode in self._reported:
                 if fix is not None and episode not in self._advised:  # the prediction came later
                     _remember(self._advised, episode)
-                    self._say(f"gpumon: GPU {g['index']}: what a fix buys: {fix}")
+                    said.append(f"gpumon: GPU {g['index']}: what a fix buys: {fix}")
                 continue
             if not ours:
                 continue  # an episode of the GPU's previous job, until the detector has seen ours
@@ -393,7 +426,7 @@ class Watch:
             if fix is not None:
                 _remember(self._advised, episode)
                 line += f"; what a fix buys: {fix}"
-            self._say(line)
+            said.append(line)
 
     def _episode_line(self, g: dict[str, Any], label: str, for_s: float) -> str:
         ev = g.get("evidence") or {}
@@ -406,6 +439,11 @@ class Watch:
         return f"gpumon: GPU {g['index']} {what} for {for_s:.0f} s{idle}" + (f": {tip}" if tip else "")
 
     def _say_summary(self) -> None:
+        for line in self._summary():
+            self._say(line)
+
+    def _summary(self) -> list[str]:
+        """The run's summary lines."""
         lines: list[tuple[float, int, str]] = []  # GPU-seconds wasted, index, line
         for key, last in list(self._last.items()):
             first = self._first.get(key, last)  # never judged: nothing counted (too short)
@@ -430,13 +468,13 @@ class Watch:
             lines.append((wasted, last["index"], line))
         # by GPU; beyond MAX_SUMMARY_GPUS (a daemon that named GPUs by the thousand), the worst
         worst = sorted(lines, key=lambda w: -w[0])[:MAX_SUMMARY_GPUS]
-        for _, _, line in sorted(worst, key=lambda w: w[1]):
-            self._say(line)
+        out = [line for _, _, line in sorted(worst, key=lambda w: w[1])]
         more = len(lines) - len(worst)
         if more:
             rest = sum(w[0] for w in lines) - sum(w[0] for w in worst)
             gpus = "GPUs" if more > 1 else "GPU"
-            self._say(f"gpumon: this run on {more} more {gpus}: {rest / 3600:.4f} GPU-hours wasted")
+            out.append(f"gpumon: this run on {more} more {gpus}: {rest / 3600:.4f} GPU-hours wasted")
+        return out
 
 
 def _deltas(before: Any, after: Any) -> dict[str, float]:
@@ -570,6 +608,20 @@ def _gpu_set(gpus: Any, problems: list[str]) -> set[int | str]:
     if not found:
         raise ValueError("gpus names no GPU")
     return found
+
+
+def _framework(value: Any, problems: list[str]) -> str | None:
+    """`framework=` as the advice reads it: one of FRAMEWORKS, or None (the general advice). A
+    value that is none of them (a list, a dict: each line's lookup raised, and the hook said
+    nothing at all) is the general advice, and why in `problems`."""
+    if value is None:
+        return None
+    text = str.__str__(value) if isinstance(value, str) else None  # (a subclass's own methods unused)
+    if text in FRAMEWORKS:
+        return text
+    given = f"={text[:20]!r}" if text is not None else f"=<{type(value).__name__[:40]}>"
+    problems.append(f"framework{given} is not one of {', '.join(FRAMEWORKS)}: the general advice instead")
+    return None
 
 
 def _seconds(value: float, name: str, default: float, most: float, problems: list[str]) -> float:

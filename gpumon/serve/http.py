@@ -14,6 +14,11 @@ One asyncio event loop on its own thread serves every connection; requests are p
   kept-alive connection, and its scrapes never queue behind the crowd's connects. At the limit,
   connections are accepted no faster than EVICTIONS_PER_S: the rest wait in the kernel's backlog,
   not in the event loop.
+- A TLS handshake has `request_timeout_s` to finish, and at most MAX_HANDSHAKES are under way at
+  once: past that, the oldest is closed for the newcomer (at most EVICTIONS_PER_S a second). A
+  connection in its handshake counts against `max_connections` and, at the limit, is closed to make
+  room as one waiting for its request head is (whichever has waited longer). So a crowd that never
+  finishes its handshakes holds a bounded memory (~70 KiB each) and never a real client's place.
 - Requests carry no body: one that announces one (Content-Length, chunked) is answered 413 and its
   connection closed, so a body can never be read as a next request.
 - bcrypt runs on one worker thread at nice 19 within a CPU budget, never on the event loop; each
@@ -68,6 +73,14 @@ EVICTIONS_PER_S = 200.0
 as many at once: a crowd that reconnects as soon as it is closed then waits in the kernel's
 backlog, at no cost to the daemon, instead of keeping its event loop busy a core's worth (the
 connections already served are answered between its passes)."""
+MAX_HANDSHAKES = 256
+"""Connections in their TLS handshake at once (at most `max_connections`). Each costs ~70 KiB of
+the daemon's memory (OpenSSL's and asyncio's buffers) until it finishes or its deadline
+(`request_timeout_s`) passes, and that memory stays with the process: a crowd that opens
+handshakes and never finishes them held every connection the limit allowed, and then more (the
+connection limit could not close one still in its handshake), until the daemon ran out of file
+descriptors and shut real clients out. A real client's handshake takes milliseconds: beyond this
+many, the oldest is closed for the newcomer, at most EVICTIONS_PER_S a second."""
 GZIP_MIN_BYTES = 1024
 BCRYPT_THREADS = 1
 """One: a flood of wrong passwords then takes at most one core, at nice 19 (two took 1.5 cores of a
@@ -413,6 +426,20 @@ def _lowest_priority() -> None:
         pass
 
 
+class _Handshake:
+    """A connection accepted and not yet a client's (`_client`): in its TLS handshake, if TLS."""
+
+    __slots__ = ("born", "since", "started", "task")
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+        self.started = False
+        """True once its task runs (one cancelled before would never close its socket)."""
+        self.born = False
+        """True once its `_client` is made (the handshake done): no longer one to close."""
+
+
 class _Conn:
     """One client connection's bookkeeping, for the eviction rule."""
 
@@ -434,11 +461,13 @@ class WebServer:
         max_connections: int = 4096,
         timeout_s: float = 10.0,
         keepalive_s: float = 75.0,
+        max_handshakes: int = MAX_HANDSHAKES,
     ) -> None:
         self.routes = routes
         self.timeout_s = timeout_s
         self.keepalive_s = keepalive_s
         self.max_connections = _raise_fd_limit(max_connections)
+        self.max_handshakes = max(1, min(max_handshakes, self.max_connections))
         self._web = web
         self._ssl = web.ssl_context() if web.tls else None
         _small_tls_buffers()
@@ -457,6 +486,9 @@ class WebServer:
         self._listening: list[socket.socket] = []
         self._unborn = 0
         """Connections accepted whose `_client` has not started yet (they count against the limit)."""
+        self._handshakes: collections.OrderedDict[_Handshake, None] = collections.OrderedDict()
+        """Those of them still in their handshake, the oldest first (closed first, past
+        `max_handshakes` or at `max_connections`)."""
         self._evict_tokens = EVICTIONS_PER_S
         self._tokens_at = 0.0
         self._paused: asyncio.TimerHandle | None = None
@@ -499,11 +531,13 @@ class WebServer:
 
     def _accept(self, sock: socket.socket) -> None:
         """The listening socket is readable: up to ACCEPT_BATCH connections, each handed to asyncio
-        as start_server would; at the limit, only as many as the eviction budget allows."""
+        as start_server would; at the limit (of connections, or of handshakes), only as many as the
+        eviction budget allows, each closing another as it comes."""
         loop = self._loop
         for _ in range(ACCEPT_BATCH):
             full = len(self._conns) + self._unborn >= self.max_connections
-            if full and not self._may_evict(loop.time()):
+            crowded = len(self._handshakes) >= self.max_handshakes
+            if (full or crowded) and not self._may_evict(loop.time()):
                 self._pause_accepting((1.0 - self._evict_tokens) / EVICTIONS_PER_S)
                 return
             try:
@@ -515,8 +549,46 @@ class WebServer:
                 self._pause_accepting(1.0)
                 return
             conn.setblocking(False)
+            oldest = self._oldest_handshake() if crowded else None
+            if oldest is not None:
+                self._end_handshake(oldest)
+            elif full:
+                self._make_room()
+            handshake = _Handshake()  # counted now: a batch's accepts come before their tasks run
+            self._handshakes[handshake] = None
             self._unborn += 1
-            loop.create_task(self._connected(conn))
+            handshake.task = loop.create_task(self._connected(conn, handshake))
+
+    def _make_room(self) -> None:
+        """At `max_connections`: close the connection that has waited longest without sending a
+        whole request, whether in its handshake or waiting for its head (one that never finishes
+        its handshake never reaches `_client`, where room is made otherwise). A served one idle is
+        left to `_client`'s turn: connections accepted a moment ago may be about to wait for
+        their heads, and go before it."""
+        handshake = self._oldest_handshake()
+        waiting = next(iter(self._waiting.values()), None)
+        if handshake is not None and (waiting is None or handshake.since <= waiting.since):
+            self._end_handshake(handshake)
+        elif waiting is not None:
+            self._evict()
+
+    def _oldest_handshake(self) -> _Handshake | None:
+        """The connection longest in its handshake (those just through it leave the list)."""
+        while self._handshakes:
+            handshake = next(iter(self._handshakes))
+            if not handshake.born:
+                return handshake
+            del self._handshakes[handshake]  # (its `_client` counts it off)
+        return None
+
+    def _end_handshake(self, handshake: _Handshake) -> None:
+        """Close a connection in its handshake, for a newcomer (one whose task has not started
+        yet closes its socket when it starts)."""
+        del self._handshakes[handshake]
+        self._unborn -= 1
+        self.evicted += 1
+        if handshake.started and handshake.task is not None:
+            handshake.task.cancel()  # asyncio closes its transport
 
     def _may_evict(self, now: float) -> bool:
         """One token of the eviction budget, if there is one (it refills at EVICTIONS_PER_S)."""
@@ -541,11 +613,22 @@ class WebServer:
         for sock in self._listening:
             self._loop.add_reader(sock.fileno(), self._accept, sock)
 
-    async def _connected(self, conn: socket.socket) -> None:
+    async def _connected(self, conn: socket.socket, handshake: _Handshake) -> None:
         """A new connection as asyncio.start_server makes one: a stream and `_client`'s task."""
+        if handshake not in self._handshakes:  # closed for a newcomer before this began
+            conn.close()
+            return
+        handshake.started = True
         loop = self._loop
+
+        def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None] | None:
+            if handshake not in self._handshakes:
+                return None  # closed for a newcomer as it connected (its transport is closing): no client
+            handshake.born = True
+            return self._client(reader, writer)
+
         reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES * 2, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, self._client, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, client, loop=loop)
         try:
             await loop.connect_accepted_socket(
                 lambda: protocol,
@@ -554,8 +637,14 @@ class WebServer:
                 ssl_handshake_timeout=self.timeout_s if self._ssl else None,
             )
         except (OSError, ssl.SSLError, TimeoutError, asyncio.CancelledError):
-            self._unborn -= 1  # no `_client` for it
-            conn.close()  # a handshake that failed or never came, or the server stopping
+            # a handshake that failed or never came, one closed for a newcomer, the server stopping
+            if handshake in self._handshakes:  # (not one closed for a newcomer: counted off then)
+                del self._handshakes[handshake]
+                if not handshake.born:
+                    self._unborn -= 1  # no `_client` for it
+            conn.close()
+        else:
+            self._handshakes.pop(handshake, None)
 
     def reconfigure(self, web: WebConfig) -> None:
         """SIGHUP: new users, certificates and TLS settings (versions, ciphers, client CA) apply to
