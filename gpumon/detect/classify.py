@@ -76,11 +76,19 @@ def classify(
             f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
         )
     if duty < th.stalled_duty:
+        busy = ""
+        main = ev.main_cpu_cores
+        if main is not None and main >= th.pinned_core:
+            # what a person checks first: a hang is quiet, a checkpoint being written is not
+            busy = (
+                f", while its training process runs at {main:.0%} of a core (host-side work: "
+                "writing a checkpoint, evaluating on the CPU, or a busy loop; not a deadlock)"
+            )
         return result(
             State.STALLED,
             None,
             _conf(th.stalled_duty - duty, th.stalled_duty),
-            f"a process holds the GPU but kernels ran {duty:.1%} of the time",
+            f"a process holds the GPU but kernels ran {duty:.1%} of the time{busy}",
         )
     if duty >= th.sync_min_duty and ev.power_ratio is not None and ev.power_ratio <= th.sync_max_power_ratio:
         return result(
@@ -155,7 +163,7 @@ def classify(
         storage_waits = False  # waiting for CPU more than for storage
     if ev.job_read_bytes_per_s is not None:
         io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
-            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
+            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps and not _paused_between_runs(ev)
         )
     else:
         io = host_wide and (
@@ -164,9 +172,24 @@ def classify(
         )
     io = io or storage_waits
     idle_share = 1 - duty
-    if ev.recent_duty is not None and ev.recent_duty >= th.fed_duty + th.hysteresis and not bursty:
+    resumed = ev.recent_duty is not None and ev.recent_duty >= th.fed_duty + th.hysteresis and not bursty
+    if resumed:
         # busy now (the window's last quarter): a mean pulled down by a past workload (a change
         # from steady low use to busy) is no starvation, whatever the job's CPU
+        contended = cpu = io = storage_waits = False
+    stopped = ev.recent_duty is not None and ev.recent_duty < th.stalled_duty and not bursty
+    if stopped and ev.recent_duty is not None:
+        # nothing runs now and the window shows no recurring bursts: the GPU stopped (a checkpoint
+        # being written, an epoch's fresh loader workers starting), the mirror of the change above.
+        # A process busy then is the pause's own work, not a feeder's pace: stalled if it lasts.
+        # Not where the feeder works and the GPU had little before: a job starved so hard that its
+        # batches come seconds apart, its loader workers saturated or its storage plainly busy
+        # (reads of read_bytes_high, block-I/O waits).
+        before = (4 * duty - ev.recent_duty) / 3  # the window's older three quarters
+        plain_io = storage_waits or (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_high
+        feeder = plain_io or (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
+        stopped = not (feeder and before < PAUSED_AFTER_DUTY)
+    if stopped:
         contended = cpu = io = storage_waits = False
 
     if contended and not storage_waits:
@@ -178,6 +201,17 @@ def classify(
             f"(runs {busiest:.0%}, waits for a CPU the rest): the input pipeline is CPU-bound on a busy host",
         )
     if cpu and not (io and not pinned):
+        main, child = ev.main_cpu_cores, ev.busiest_child_cpu_cores or 0.0
+        if pinned and ev.loader_workers and main is not None and child < min(main, th.pinned_core):
+            # its workers have CPU to spare: the loop's own work holds the GPU, not the loader's
+            return starved(
+                Cause.CPU,
+                short,
+                f"GPU idle {idle_share:.0%} of the time while the training process runs at "
+                f"{main:.0%} of a core and its {ev.loader_workers} loader workers at most {child:.0%}: "
+                "the training loop's own CPU work holds the GPU back (input work done in the loop, "
+                "or checkpoints, metrics, logging)",
+            )
         who = (
             f"a job process at {busiest:.0%} of a core"
             if busiest is not None and busiest >= th.pinned_core
@@ -208,9 +242,51 @@ def classify(
             f"{ev.p5:.0%}-{ev.p95:.0%}) with no saturated CPU or storage: "
             "waiting on the host for another reason",
         )
+    if stopped:
+        return result(
+            State.UNDERUTILIZED,
+            None,
+            short,
+            f"kernels ran {duty:.0%} of the window and none in its last quarter: the GPU paused "
+            "(a checkpoint, an evaluation, an epoch's first batches); stalled if nothing runs for "
+            "a whole window",
+        )
+    if resumed and ev.recent_duty is not None:
+        return result(
+            State.UNDERUTILIZED,
+            None,
+            short,
+            f"kernels ran {duty:.0%} of the window and {ev.recent_duty:.0%} of its last quarter: "
+            "a pause ended or heavier work began",
+        )
     return result(
         State.UNDERUTILIZED,
         None,
         short,
         f"steady {duty:.0%} use without gaps: the work is too small for the GPU",
     )
+
+
+PAUSED_AFTER_DUTY = 0.5
+"""A GPU whose kernels stopped is taken to have paused (not starved) where its loader works (workers
+saturated, or storage plainly busy) only if it ran at least this share of the window's older three
+quarters: a pause of up
+to 5 s after fed work (an epoch's fresh workers) keeps it; a job starved so hard that its batches
+come seconds apart (its duty far below it throughout) stays starved."""
+LOOP_RUN_S = 1.0
+"""A GPU that computes this long on end, on average, between its idle gaps had its input ready
+for all those steps (a loader starved by storage hands batches over as its reads complete: the
+corpus's storage-bound windows run 0.25-0.9 s between gaps, median by case)."""
+LOOP_GAP_CV = 0.5
+"""...and whose gaps are this regular (coefficient of variation of their lengths: storage stalls
+vary, 0.36-0.80 median by case in the corpus) pauses for the loop's own periodic work."""
+
+
+def _paused_between_runs(ev: Evidence) -> bool:
+    """The GPU computes a second or more on end between regular idle gaps: the training loop pauses
+    for its own work now and then (a synchronous log or metrics flush, a periodic barrier), fed
+    in between. Reads of 10-50 MB/s are then what a fed job reads, not what it waits for:
+    they name no storage cause (reads of read_bytes_high or more, and block-I/O waits, still do)."""
+    if ev.mean_gap_s is None or ev.mean_burst_s is None or ev.mean_burst_s < LOOP_RUN_S:
+        return False
+    return ev.gap_cv is None or ev.gap_cv < LOOP_GAP_CV

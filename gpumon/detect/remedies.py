@@ -47,6 +47,9 @@ COARSE_PERIOD_S = 0.5
 """A driver sample period this long or longer (consumer GPUs: 1 s) blurs sub-second steps."""
 WORKERS_KNOB = "loader workers (DataLoader(num_workers), PyDataset(workers))"
 """The setting a change of workers is, where the framework is not known."""
+WORKER_SATURATED = 0.90
+"""A loader worker at this share of a core or more is saturated (the detector's `pinned_core`
+default); below it, beside a busier training process, the workers have CPU to spare."""
 MIN_WINDOWS = 5
 """Windows of an episode (one per tick) a prediction needs: fewer is too noisy to name a number."""
 
@@ -363,7 +366,9 @@ def predict(
         return fed()
     if state != State.STARVED:
         return None
-    if i is None or i.duty <= 0:
+    if i is None:  # no steady window yet: an episode shorter than a window and its onset
+        return cannot(f"only {windows} window(s) of this episode so far", cause, windows=windows)
+    if i.duty <= 0:
         return cannot("no duty cycle in the window", cause, windows=windows)
     ceiling = 1.0 / max(i.duty, 1e-3)
     if ceiling < NO_GAIN:
@@ -397,7 +402,21 @@ def predict(
             windows,
         )
     busiest = i.busiest_worker_cores or 0.0
-    if not i.workers or (cause == Cause.CPU and i.main_cores > busiest):
+    inline = cause == Cause.CPU and i.main_cores > busiest
+    if i.workers and inline and busiest < WORKER_SATURATED:
+        # the workers have CPU to spare (their queues full): "move it to worker processes" would
+        # tell a job that checkpoints or computes metrics in its loop to add what it has
+        return cannot(
+            f"the training process is busier than any of its {i.workers} loader workers (the "
+            f"busiest at {busiest:.0%} of a core): the GPU waits on work in the training loop "
+            "itself: input work done there, in threads or inline (move it into the workers: the "
+            "Dataset or collate_fn), or other host-side work (writing checkpoints, evaluation "
+            "metrics, logging, .item() calls); more workers would not change it",
+            cause,
+            ceiling,
+            windows,
+        )
+    if not i.workers or inline:
         return cannot(
             "the input work runs in the training process itself (threads, or inline), not in loader "
             "worker processes: its CPU cannot be told from the training loop's, nor what more "

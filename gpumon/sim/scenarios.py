@@ -9,6 +9,7 @@ These definitions are the single place where a workload pattern is defined.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 from gpumon.core.errors import UsageError
@@ -215,6 +216,66 @@ STARVED_CPU_MIG = replace(STARVED_CPU, gpm=True, mig=True)
 
 SWITCH_S = 30.0
 """When `healthy-then-starved` turns starved, in seconds from the start of the run."""
+
+# -- what a healthy training loop does now and then (tests/test_false_alarms_loops.py) -----------
+# A fed job's loop pauses for its own work: none of these is starvation, and none has an input-side
+# remedy. Not listed in SCENARIOS (build them with `periodic`).
+
+CHECKPOINT = replace(
+    STALLED, main_cpu=1.0, workers=4, worker_cpu=0.01, mem_used_ratio=0.6, started_before_s=3600.0
+)
+"""Writing a checkpoint: nothing on the GPU while the training process serializes (one core) and
+writes (write bytes are no reads); the loader's workers idle, their queues full."""
+CHECKPOINT_GATHER = replace(
+    CHECKPOINT, stepped=True, compute_s=0.04, wait_s=0.4, jitter=0.3, power_busy_ratio=0.4
+)
+"""A sharded model's full checkpoint: short gather and copy kernels while the training process
+serializes."""
+EPOCH_START = replace(STALLED, main_cpu=0.3, workers=4, worker_cpu=0.99, read_bytes_per_s=60e6, iowait=0.02)
+"""An epoch's first seconds with DataLoader(persistent_workers=False): fresh workers fork, import
+and open their files, each pinning a core, while the GPU waits for the first batches."""
+LOG_FLUSH = replace(CHECKPOINT, worker_cpu=0.05)
+"""A synchronous logging or metrics flush: the training process busy for under a second."""
+EVALUATION_METRICS = Phase(
+    compute_s=0.03,
+    wait_s=0.03,
+    jitter=0.2,
+    power_busy_ratio=0.55,
+    main_cpu=0.97,
+    workers=6,
+    worker_cpu=0.15,
+    read_bytes_per_s=5e6,
+)
+"""A validation pass: light forward-only steps, per-batch metrics in the training process, the
+evaluation loader's workers keeping up."""
+
+
+def periodic(
+    name: str,
+    base: Phase,
+    every_s: float,
+    pause: tuple[tuple[float, Phase], ...],
+    until_s: float,
+    jitter: float = 0.0,
+    seed: int = 0,
+) -> Scenario:
+    """`base`, with the phases of `pause` ((seconds, phase), in order) after every `every_s` seconds
+    of it, until `until_s`: a loop that checkpoints, evaluates or flushes its logs now and then.
+    `jitter`: the relative spread of each interval and pause (seeded)."""
+    rng = random.Random(seed)
+
+    def spread(s: float) -> float:
+        return s * (1 + jitter * rng.uniform(-1.0, 1.0))
+
+    phases: list[tuple[float, Phase]] = [(0.0, base)]
+    t = spread(every_s)
+    while t < until_s:
+        for seconds, phase in pause:
+            phases.append((t, phase))
+            t += spread(seconds)
+        phases.append((t, base))
+        t += spread(every_s)
+    return Scenario(name, f"{name}: every {every_s:g} s", tuple(phases), ((0.0, "healthy"),))
 
 
 def _one(name: str, summary: str, phase: Phase, state: str) -> Scenario:
