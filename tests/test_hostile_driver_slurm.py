@@ -163,6 +163,7 @@ def fake_xid_nvml() -> Any:
         NVMLError=RuntimeError,
         nvmlEventSetCreate=lambda: object(),
         nvmlDeviceRegisterEvents=lambda handle, kinds, event_set: None,
+        nvmlEventSetFree=lambda event_set: None,
     )
 
 

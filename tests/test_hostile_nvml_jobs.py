@@ -75,6 +75,32 @@ def test_an_xid_storm_logs_each_code_once_then_one_line_a_minute_and_counts_ever
     assert w.seen(1, None)[0] == ((79, 1),)
 
 
+def test_an_xid_on_each_mig_instance_is_said_at_once_and_a_stop_says_what_is_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pace is per GPU, the first of a code per instance: XID 43 on mig 1 then on mig 2 of one
+    GPU came out a minute late and without its instance; a stop left the last minute unsaid."""
+    clock = Clock()
+    w = XidWatcher(fake_xid_nvml(), Problems(logging.getLogger("test.xid")), clock=clock)
+    gpu = object()
+    assert w.register(0, gpu)
+    with caplog.at_level(logging.INFO, logger="gpumon.xid"):
+        w.record(gpu, 43, gpu_instance=1)
+        w.record(gpu, 43, gpu_instance=2)
+        assert xid_lines(caplog) == [
+            "gpu 0 mig 1: XID 43 (further XIDs on gpu 0: one line a minute at most, with their counts)",
+            "gpu 0 mig 2: XID 43 (further XIDs on gpu 0: one line a minute at most, with their counts)",
+        ]
+        for _ in range(3):
+            w.record(gpu, 43, gpu_instance=2)
+        w.record(gpu, 43, gpu_instance=1)
+        clock.t = 10.0  # well within the minute: the daemon stops
+        w.stop()
+        assert xid_lines(caplog)[2:] == [
+            "gpu 0: 4 more XIDs since its last line: XID 43 on mig 2 x3, XID 43 on mig 1 x1"
+        ]
+
+
 def test_a_storm_of_odd_codes_and_unregistered_devices_logs_a_bounded_number_of_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -178,6 +204,51 @@ def test_a_driver_clock_that_goes_back_is_followed_within_a_few_polls(back_s: fl
         nv.now_s = float(tick) - (back_s if tick >= 4 else 0.0)
         got.append([p.t_s for p in src._history(state, float(tick))])
     assert all(on_time(tick, ts) for tick, ts in zip(range(7, 16), got[6:])), got
+    history = [t for ts in got for t in ts]
+    assert len(history) == len(set(history)), "no point told twice"
+
+
+class RingDriver:
+    """A driver's ring as a real one keeps it: the last `size` samples in the order they came (a
+    sample every 1/6 s on its clock), whatever their stamps: one stepped back stays behind the
+    older ones, stamped above it, until they roll out."""
+
+    NVMLError = NvmlError
+
+    def __init__(self, size: int) -> None:
+        self.size, self.clock_s, self.ring = size, 1000.0, []  # type: list[int]
+
+    def run(self, seconds: float) -> None:
+        for _ in range(round(seconds * 6)):
+            self.clock_s += 1 / 6
+            self.ring = [*self.ring, round(self.clock_s * 1e6)][-self.size :]
+
+    def nvmlDeviceGetSamples(self, handle: Any, kind: int, last_seen: int) -> tuple[int, list[Any]]:
+        found = [
+            SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=50))
+            for ts in sorted(self.ring)
+            if ts > last_seen
+        ]
+        if not found:
+            raise NvmlError(6)
+        return 1, found
+
+
+@pytest.mark.parametrize("ring", [120, 600])
+def test_a_system_clock_stepped_back_is_followed_though_the_ring_keeps_its_older_samples(ring: int) -> None:
+    """NVML stamps samples with the CPU's clock: an NTP step or a VM's resume sets it back by 500 s,
+    and a real ring keeps the samples from before it, stamped above the new ones. History resumed
+    only once they had rolled out of the ring (23 polls for 20 s of ring, 2 minutes for 100 s)."""
+    nv = RingDriver(ring)
+    src, state = NvmlSource(nv, Problems(logging.getLogger("test.samples"))), GpuState(0, handle=object())
+    nv.run(30)
+    got = []
+    for tick in range(1, 40):
+        if tick == 20:
+            nv.clock_s -= 500
+        nv.run(1.0)
+        got.append([p.t_s for p in src._history(state, float(tick))])
+    assert all(on_time(tick, ts) for tick, ts in zip(range(26, 40), got[25:])), got[19:]
     history = [t for ts in got for t in ts]
     assert len(history) == len(set(history)), "no point told twice"
 

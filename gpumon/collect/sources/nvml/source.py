@@ -465,7 +465,7 @@ class NvmlSource(MigReading, ClockReading):
             points = [p for p in points if p.t_s > t_s - 1.0]
             # No offset judged the newest sample: where it was stamped ahead, what follows it in
             # the ring tells (_stale)
-            state.below = (newest, next((ts for ts, _ in reversed(fresh) if ts < newest), 0))
+            state.below = (newest, frozenset(ts for ts, _ in fresh if ts < newest))
         return tuple(points)
 
     def _stale(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
@@ -493,18 +493,22 @@ class NvmlSource(MigReading, ClockReading):
             return ()  # newer samples after all: the next reading takes them
         kept = [p for p in ring if p[0] < last]
         if ring[-1][0] == last:  # the last seen is still there: are samples coming below it?
-            below = kept[-1][0] if kept else 0
-            seen_last, seen_below = state.below
-            state.below = (last, below)
-            if seen_last != last or below <= seen_below:
-                return ()  # nothing came since: an idle GPU (or the first look)
+            seen_last, seen = state.below
+            state.below = (last, frozenset(ts for ts, _ in kept))
+            if seen_last != last:
+                return ()  # the first look: the next one tells
+            # those that came since the last look: a clock stepped back (NTP, a VM's resume) keeps
+            # the ring's older samples, stamped above the new ones, until they roll out of it
+            kept = [p for p in kept if p[0] not in seen]
+            if not kept:
+                return ()  # nothing came since: an idle GPU
         # the driver's clock is below the last seen: follow it from now
         newest = kept[-1][0]
         state.aligner = SampleClockAligner()
         offset = state.aligner.observe(t_s, newest)
         assert offset is not None
         state.last_seen_ts_us = newest
-        state.stale = state.below = (0, 0)
+        state.stale, state.below = (0, 0), (0, frozenset())
         state.ahead_polls = 0
         state.first_poll = False
         return tuple(p for p in to_points(kept, offset) if p.t_s > t_s - 1.0)

@@ -24,8 +24,8 @@ class GpuState:
     """Readings in a row whose new samples were all stamped ahead of now (source._not_ahead)."""
     stale: tuple[int, int] = (0, 0)
     """(last seen timestamp, readings in a row with nothing newer than it): source._stale."""
-    below: tuple[int, int] = (0, 0)
-    """(last seen timestamp, the newest sample below it in the driver's ring when last looked at):
+    below: tuple[int, frozenset[int]] = (0, frozenset())
+    """(last seen timestamp, the samples below it in the driver's ring when last looked at):
     samples that go on coming below the last seen mean it is ahead of the driver's clock."""
     unsupported: set[str] = field(default_factory=set)
     memory_v1: bool = False
