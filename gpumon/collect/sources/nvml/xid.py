@@ -88,10 +88,11 @@ class XidWatcher:
         self._counts: dict[Key, dict[int, int]] = {}
         self._last: dict[Key, tuple[int, float]] = {}
         self._clock = clock
-        self._told: dict[int, set[int]] = {}
-        """Per GPU, the codes whose first XID was logged (MAX_CODES at most)."""
-        self._untold: dict[int, dict[int, int]] = {}
-        """Per GPU, the XIDs by code since its last line (codes beyond MAX_CODES as OTHER_CODES)."""
+        self._told: dict[int, set[tuple[int | None, int]]] = {}
+        """Per GPU, the (MIG instance, code) pairs whose first XID was logged (MAX_CODES at most)."""
+        self._untold: dict[int, dict[tuple[int | None, int], int]] = {}
+        """Per GPU, the XIDs by (instance, code) since its last line (beyond MAX_CODES pairs: all
+        summed as (None, OTHER_CODES))."""
         self._next_line: dict[int, float] = {}
         """Per GPU, when its next summary line may be logged (by `clock`)."""
         self._next_flush = -math.inf
@@ -146,7 +147,7 @@ class XidWatcher:
         now = self._clock()
         if index is None:  # not counted; its lines are paced like a GPU's
             with self._lock:
-                first, summary = self._pace(UNREGISTERED, xid, now)
+                first, summary = self._pace(UNREGISTERED, None, xid, now)
             if first:
                 log.warning("XID %d on a device gpumon did not register; not counted", xid)
             if summary:
@@ -158,7 +159,7 @@ class XidWatcher:
             if xid in per or len(per) < MAX_CODES:
                 per[xid] = per.get(xid, 0) + 1
             self._last[key] = (xid, self._wall())
-            first, summary = self._pace(index, xid, now)
+            first, summary = self._pace(index, key[1], xid, now)
         if first:
             where = f"gpu {index}" + (f" mig {key[1]}" if key[1] is not None else "")
             log.warning(
@@ -170,16 +171,16 @@ class XidWatcher:
         if summary:
             log.warning("%s", summary)
 
-    def _pace(self, index: int, xid: int, now: float) -> tuple[bool, str | None]:
-        """Whether this XID is the GPU's first of its code (logged at once), and the summary line
-        that is due with it. Under the lock."""
+    def _pace(self, index: int, mig: int | None, xid: int, now: float) -> tuple[bool, str | None]:
+        """Whether this XID is the first of its code on the GPU or MIG instance (logged at once: 64
+        of them a GPU at most), and the GPU's summary line that is due with it. Under the lock."""
         told = self._told.setdefault(index, set())
-        if xid not in told and len(told) < MAX_CODES:
-            told.add(xid)
+        if (mig, xid) not in told and len(told) < MAX_CODES:
+            told.add((mig, xid))
             self._next_line.setdefault(index, now + SUMMARY_S)
             return True, None
         untold = self._untold.setdefault(index, {})
-        code = xid if xid in untold or len(untold) < MAX_CODES else OTHER_CODES
+        code = (mig, xid) if (mig, xid) in untold or len(untold) < MAX_CODES else (None, OTHER_CODES)
         untold[code] = untold.get(code, 0) + 1
         return False, self._summary(index, now) if now >= self._next_line.get(index, now) else None
 
@@ -190,26 +191,31 @@ class XidWatcher:
             return None
         self._next_line[index] = now + SUMMARY_S
         total = sum(untold.values())
-        other = untold.pop(OTHER_CODES, 0)
-        ranked = sorted(untold.items(), key=lambda cn: (-cn[1], cn[0]))
+        other = untold.pop((None, OTHER_CODES), 0)
+        ranked = sorted(
+            untold.items(), key=lambda cn: (-cn[1], cn[0][1], -1 if cn[0][0] is None else cn[0][0])
+        )
         other += sum(n for _, n in ranked[SUMMARY_CODES:])
-        named = [f"XID {code} x{n}" for code, n in ranked[:SUMMARY_CODES]]
+        named = [
+            f"XID {code} x{n}" if mig is None else f"XID {code} on mig {mig} x{n}"
+            for (mig, code), n in ranked[:SUMMARY_CODES]
+        ]
         by_code = ", ".join([*named, f"other codes x{other}"] if other else named)
         if index == UNREGISTERED:
             return f"{total} more XIDs on devices gpumon did not register (not counted): {by_code}"
         return f"gpu {index}: {total} more XIDs since its last line: {by_code}"
 
-    def flush_summaries(self) -> None:
+    def flush_summaries(self, every: bool = False) -> None:
         """Log the summaries that are due (a storm that stopped has no next event to carry its
-        line); looked at once a second at most."""
+        line); looked at once a second at most. `every`: all of them, due or not (a stop)."""
         now = self._clock()
-        if now < self._next_flush:
+        if now < self._next_flush and not every:
             return
         self._next_flush = now + 1.0
         with self._lock:
             lines = [
                 line
-                for index in [i for i in self._untold if now >= self._next_line.get(i, now)]
+                for index in [i for i in self._untold if every or now >= self._next_line.get(i, now)]
                 if (line := self._summary(index, now))
             ]
         for line in lines:
@@ -230,6 +236,7 @@ class XidWatcher:
             if self._thread.is_alive():  # a driver call that does not return: leave it, never hang
                 return
             self._thread = None
+        self.flush_summaries(every=True)  # the last minute's XIDs are said before gpumon stops
         if self._set is not None:
             try:
                 self._nv.nvmlEventSetFree(self._set)
