@@ -163,6 +163,19 @@ def test_a_usage_error_line_carries_no_terminal_escape(
     assert "\x1b" not in err and err.count("\n") == 1, repr(err)
 
 
+@pytest.mark.parametrize("where", [["scenarios"], ["analyze"]])
+def test_argparses_own_error_lines_carry_no_terminal_escape(
+    capsys: pytest.CaptureFixture[str], where: list[str]
+) -> None:
+    """argparse quotes what it does not know as typed ("unrecognized arguments: ..."): a file name
+    from a glob (`gpumon analyze *`) with an escape and a newline forged a line of its own."""
+    hostile = "c\x1b[31mRED\ngpumon: forged line"
+    code, err = run_cli(capsys, *where, "a", "b", hostile)
+    assert code == 2, err
+    assert "\x1b" not in err and "unrecognized arguments" in err, repr(err)
+    assert not [ln for ln in err.splitlines() if ln.startswith("gpumon: forged")], repr(err)
+
+
 # -- the dstat plugin and a daemon that refuses its credentials -----------------------------------
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gpumon import __version__
 from gpumon.cli import caused_by_terminated, flags, terminated_early
@@ -45,13 +45,22 @@ that names one imports only that one's module (`gpumon serve` starts without the
 imports: its first sample comes sooner)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own usage errors ("unrecognized arguments: ...", an ambiguous option) quote what
+    was typed as it is: a file name from a glob (`gpumon analyze *`) could carry a terminal escape
+    or a newline that forges a line. Said through one_line, as every other error line is. The
+    subcommands' parsers are of this class too (add_subparsers makes them of the parser's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpumon", description="Catch GPUs starved by their input pipeline (CPU or storage)."
-    )
+    p = _Parser(prog="gpumon", description="Catch GPUs starved by their input pipeline (CPU or storage).")
     p.add_argument("--version", action="version", version=f"gpumon {__version__}")
     flags.add_common(p, top=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     flags.add_common(common, top=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -166,7 +175,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_INTERNAL
 
 
-def one_line(e: BaseException) -> str:
+def one_line(e: BaseException | str) -> str:
     """An error as its line shows it: a value in it (a file name, a server's answer, a trace's
     field) may hold a terminal escape or a newline, shown as '?' (gpumon.core.terminal), so that
     it can neither drive the terminal nor forge a line of its own."""
