@@ -15,7 +15,8 @@ One asyncio event loop on its own thread serves every connection; requests are p
   connections are accepted no faster than EVICTIONS_PER_S: the rest wait in the kernel's backlog,
   not in the event loop.
 - A TLS handshake has `request_timeout_s` to finish, and at most MAX_HANDSHAKES are under way at
-  once: past that, the oldest is closed for the newcomer (at most EVICTIONS_PER_S a second). A
+  once: past that, the oldest is closed for the newcomer (at most EVICTIONS_PER_S a second, and
+  only one under way for HANDSHAKE_FLOOR_S or more: a burst of young ones waits its turn). A
   connection in its handshake counts against `max_connections` and, at the limit, is closed to make
   room as one waiting for its request head is (whichever has waited longer). So a crowd that never
   finishes its handshakes holds a bounded memory (~70 KiB each) and never a real client's place.
@@ -81,6 +82,11 @@ handshakes and never finishes them held every connection the limit allowed, and 
 connection limit could not close one still in its handshake), until the daemon ran out of file
 descriptors and shut real clients out. A real client's handshake takes milliseconds: beyond this
 many, the oldest is closed for the newcomer, at most EVICTIONS_PER_S a second."""
+HANDSHAKE_FLOOR_S = 1.0
+"""A handshake under way for less than this is never closed for a newcomer past MAX_HANDSHAKES:
+the newcomers wait in the kernel's backlog instead. A real client's handshake takes milliseconds
+(a slow network's, a round trip or two); closing the oldest whatever its age closed 144 of 400 real
+clients that connected at once and sent their hellos half a second later."""
 GZIP_MIN_BYTES = 1024
 BCRYPT_THREADS = 1
 """One: a flood of wrong passwords then takes at most one core, at nice 19 (two took 1.5 cores of a
@@ -462,12 +468,14 @@ class WebServer:
         timeout_s: float = 10.0,
         keepalive_s: float = 75.0,
         max_handshakes: int = MAX_HANDSHAKES,
+        handshake_floor_s: float = HANDSHAKE_FLOOR_S,
     ) -> None:
         self.routes = routes
         self.timeout_s = timeout_s
         self.keepalive_s = keepalive_s
         self.max_connections = _raise_fd_limit(max_connections)
         self.max_handshakes = max(1, min(max_handshakes, self.max_connections))
+        self.handshake_floor_s = handshake_floor_s
         self._web = web
         self._ssl = web.ssl_context() if web.tls else None
         _small_tls_buffers()
@@ -492,6 +500,8 @@ class WebServer:
         self._evict_tokens = EVICTIONS_PER_S
         self._tokens_at = 0.0
         self._paused: asyncio.TimerHandle | None = None
+        self._waiting_for_handshakes = False
+        """Accepting is paused until a handshake under way ends (all were younger than the floor)."""
         host, port = address
         try:
             self._sockets = _bind(host, port)
@@ -537,6 +547,13 @@ class WebServer:
         for _ in range(ACCEPT_BATCH):
             full = len(self._conns) + self._unborn >= self.max_connections
             crowded = len(self._handshakes) >= self.max_handshakes
+            if crowded and (young := self._youngest_to_close()) > 0:
+                # every handshake under way began within handshake_floor_s: a burst of real clients
+                # (a slow network), none of them yet a crowd's. The newcomers wait in the kernel's
+                # backlog until one finishes (_handshake_over) or grows old enough to be closed.
+                self._pause_accepting(young)
+                self._waiting_for_handshakes = True
+                return
             if (full or crowded) and not self._may_evict(loop.time()):
                 self._pause_accepting((1.0 - self._evict_tokens) / EVICTIONS_PER_S)
                 return
@@ -571,6 +588,11 @@ class WebServer:
             self._end_handshake(handshake)
         elif waiting is not None:
             self._evict()
+
+    def _youngest_to_close(self) -> float:
+        """How long until the oldest handshake under way may be closed for a newcomer (0: now)."""
+        oldest = self._oldest_handshake()
+        return 0.0 if oldest is None else self.handshake_floor_s - (time.monotonic() - oldest.since)
 
     def _oldest_handshake(self) -> _Handshake | None:
         """The connection longest in its handshake (those just through it leave the list)."""
@@ -610,6 +632,7 @@ class WebServer:
 
     def _resume_accepting(self) -> None:
         self._paused = None
+        self._waiting_for_handshakes = False
         for sock in self._listening:
             self._loop.add_reader(sock.fileno(), self._accept, sock)
 
@@ -645,6 +668,9 @@ class WebServer:
             conn.close()
         else:
             self._handshakes.pop(handshake, None)
+        if self._waiting_for_handshakes and self._paused is not None:  # room for the next at once
+            self._paused.cancel()
+            self._resume_accepting()
 
     def reconfigure(self, web: WebConfig) -> None:
         """SIGHUP: new users, certificates and TLS settings (versions, ciphers, client CA) apply to
