@@ -322,3 +322,26 @@ def test_at_the_connection_limit_a_handshake_never_finished_makes_room(
     finally:
         for s in [*slow, *held]:
             s.close()
+
+
+def test_the_end_of_a_run_says_no_traceback_when_its_last_question_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """stop() asks once more on a thread of its own: an exception there (reading /proc as the job
+    ends) printed a thread's traceback in the training log; the summary still follows."""
+    now = time.time()
+    daemon = Daemon({"gpus": [starved(0, "GPU-0", now)], "time_unix_s": now})
+    monkeypatch.setattr(hooks, "get", daemon.get)
+    lines: list[str] = []
+    w = Watch("http://gpumon.invalid", log=lines.append, every_s=3600)
+    w._poll()  # the run's first question, as its thread asks it
+    assert w._reachable
+
+    def broken(pid: int) -> set[int]:
+        raise RuntimeError("/proc went away")
+
+    monkeypatch.setattr(hooks, "process_tree", broken)
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    w.stop()
+    assert raised == [], raised

@@ -282,7 +282,10 @@ class Watch:
             self._started_at, self._started_unix = time.monotonic(), time.time()
 
     def _final(self, generation: int) -> None:
-        self._poll(generation)
+        try:
+            self._poll(generation)
+        except Exception:  # as in the background thread: the training goes on, the summary follows
+            pass
         try:
             with self._lock:
                 if generation != self._generation:
