@@ -78,6 +78,8 @@ def test_a_checkpoint_is_lost_time_never_starvation_and_fires_no_alert(tmp_path:
     assert starved(g) == [], [(e.label, e.start_s) for e in g.episodes]
     assert g.main_label == "healthy"
     assert "worker processes" not in (g.suggestion or "")
+    assert "batch size" not in (g.suggestion or ""), "a pause is not work too small for the GPU"
+    assert "checkpoint" in (g.suggestion or ""), g.suggestion
     # the idle GPU is counted all the same
     checkpoints = sum(1 for _, phase in life.phases if phase is sc.CHECKPOINT)
     assert checkpoints >= 3 and g.wasted_gpu_s >= 0.8 * checkpoints * seconds, g.wasted_gpu_s
@@ -118,6 +120,7 @@ def test_work_in_the_loop_beside_idle_workers_is_not_advised_more_workers(
         advice = g.advice_for(e)
         assert advice is not None and advice.kind == Kind.CANNOT, advice
         assert "checkpoints" in advice.why and "num_workers" not in advice.why, advice.why
+    assert "move input work still done in the loop" in (g.suggestion or ""), g.suggestion
     assert_no_alert_fires(tmp_path, g)
 
 
@@ -132,6 +135,7 @@ def test_an_epoch_start_with_fresh_workers_is_not_starvation(tmp_path: Path) -> 
     (g,) = analyzed(tmp_path, life, 900).gpus
     assert starved(g) == [], [(e.label, e.start_s) for e in g.episodes]
     assert g.wasted_gpu_s > 0
+    assert "persistent_workers=True" in (g.suggestion or ""), g.suggestion
     assert_no_alert_fires(tmp_path, g)
 
 

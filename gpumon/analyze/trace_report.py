@@ -28,6 +28,7 @@ from gpumon.core.errors import TraceError
 from gpumon.core.files import kind_of
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
+from gpumon.detect.classify import LOOP_WORK, PAUSED, RESUMED
 from gpumon.detect.remedies import WORKERS_KNOB, Advice, fed
 from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.thresholds import Thresholds
@@ -50,7 +51,14 @@ SUGGESTIONS = {
     "network or remote data sources, and host-side work between steps "
     "(synchronous logging, .item()/.numpy() calls, checkpoints)",
     "stalled": "a process holds the GPU but runs nothing: check for a hang "
-    "(py-spy dump --pid PID), a deadlocked data loader, or a rank waiting for a peer",
+    "(py-spy dump --pid PID), a deadlocked data loader, or a rank waiting for a peer; where the "
+    "reason says the training process is busy, a long checkpoint or evaluation on the CPU",
+    "paused": "the GPU pauses now and then with nothing running (checkpoints, evaluation, an "
+    "epoch's fresh loader workers): write checkpoints less often or asynchronously, and keep the "
+    "loader's workers between epochs (DataLoader(persistent_workers=True))",
+    "loop-work": "the training process is the busy one, not its loader workers: move input work "
+    "still done in the loop into the Dataset or collate_fn (the workers run them), and make "
+    "checkpoints, metrics and logging asynchronous or less frequent; more workers would not help",
     "sync-stall": "kernels spin at idle power: ranks wait in collectives for a straggler; compare "
     "per-rank step times and balance the input across ranks",
     "underutilized": "steady low use without gaps: the work is too small for the GPU; raise the "
@@ -148,6 +156,11 @@ class GpuReport:
     def suggestion(self) -> str | None:
         worst = self.worst_episode
         label = worst.label if worst else self.main_label
+        reason = worst.reason if worst else ""
+        if PAUSED in reason or RESUMED in reason:  # not the work too small for the GPU
+            return SUGGESTIONS["paused"]
+        if LOOP_WORK in reason:  # not a loader short of workers
+            return SUGGESTIONS["loop-work"]
         return SUGGESTIONS.get(label)
 
 

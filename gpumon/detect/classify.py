@@ -209,7 +209,7 @@ def classify(
                 short,
                 f"GPU idle {idle_share:.0%} of the time while the training process runs at "
                 f"{main:.0%} of a core and its {ev.loader_workers} loader workers at most {child:.0%}: "
-                "the training loop's own CPU work holds the GPU back (input work done in the loop, "
+                f"{LOOP_WORK} (input work done in the loop, "
                 "or checkpoints, metrics, logging)",
             )
         who = (
@@ -247,7 +247,7 @@ def classify(
             State.UNDERUTILIZED,
             None,
             short,
-            f"kernels ran {duty:.0%} of the window and none in its last quarter: the GPU paused "
+            f"kernels ran {duty:.0%} of the window and none in its last quarter: {PAUSED} "
             "(a checkpoint, an evaluation, an epoch's first batches); stalled if nothing runs for "
             "a whole window",
         )
@@ -257,7 +257,7 @@ def classify(
             None,
             short,
             f"kernels ran {duty:.0%} of the window and {ev.recent_duty:.0%} of its last quarter: "
-            "a pause ended or heavier work began",
+            f"{RESUMED} or heavier work began",
         )
     return result(
         State.UNDERUTILIZED,
@@ -267,6 +267,13 @@ def classify(
     )
 
 
+PAUSED = "the GPU paused"
+"""In the reason of a window whose GPU stopped after work (a checkpoint, an evaluation, an epoch's
+fresh workers): what the analysis's suggestion goes by (gpumon.analyze.trace_report)."""
+RESUMED = "a pause ended"
+"""In the reason of a window whose GPU is busy again after a pause."""
+LOOP_WORK = "the training loop's own CPU work holds the GPU back"
+"""In the reason of a starved window whose training process, not its loader, is the busy one."""
 PAUSED_AFTER_DUTY = 0.5
 """A GPU whose kernels stopped is taken to have paused (not starved) where its loader works (workers
 saturated, or storage plainly busy) only if it ran at least this share of the window's older three
