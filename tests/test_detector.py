@@ -257,8 +257,21 @@ def test_confidence_grows_with_the_margin_and_a_full_window() -> None:
     assert half.confidence == pytest.approx(far.confidence / 2)
 
 
+def test_hysteresis_holds_the_state_the_gpu_is_in_and_no_other() -> None:
+    """Fed stays fed down to 75%, starved stays starved up to 85%; a job's first windows (no state
+    yet) are judged at 80% itself: one steady at 82% with a busy training process was held
+    starved by a hysteresis it had never crossed, for as long as it ran (a false alarm)."""
+    steady = ev(duty_cycle=0.82, main_cpu_cores=0.99)
+    for before in (None, "unknown", "starting", "idle", "stalled"):
+        assert classify(steady, TH, before).label == "healthy", before
+    assert classify(steady, TH, "starved-cpu").label == "starved-cpu"
+    assert classify(ev(duty_cycle=0.82), TH, "underutilized").label == "underutilized"
+    assert classify(ev(duty_cycle=0.77, main_cpu_cores=0.99), TH, "healthy").label == "healthy"
+    assert classify(ev(duty_cycle=0.77, main_cpu_cores=0.99), TH, None).label == "starved-cpu"
+
+
 def test_thresholds_are_configurable() -> None:
-    e = ev(duty_cycle=0.82)
+    e = ev(duty_cycle=0.78)
     assert classify(e, TH, None).label == "underutilized"
     assert classify(e, Thresholds(fed_duty=0.7), None).label == "healthy"
     with pytest.raises(ValueError, match="fed_duty"):

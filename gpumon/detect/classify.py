@@ -114,7 +114,16 @@ def classify(
                 f"{duty:.0%} busy while GPU {ev.waiting_for_gpu} of the same job is starved "
                 f"({waited:.0%} gaps){drawn}: waiting for it in a collective about {waited:.0%} of the time",
             )
-    fed = th.fed_duty + (-th.hysteresis if current == State.HEALTHY else th.hysteresis)
+    # Hysteresis holds the state the GPU is in: fed stays fed down to fed_duty - hysteresis, starved
+    # or underutilized stays so up to fed_duty + hysteresis. From no such state (a job's first
+    # windows, after unknown, idle, starting or a stall) the line is fed_duty itself: a job steady at
+    # 82% that never entered healthy was held starved by a hysteresis it had never crossed.
+    if current == State.HEALTHY:
+        fed = th.fed_duty - th.hysteresis
+    elif current is not None and current.startswith((State.STARVED, State.UNDERUTILIZED)):
+        fed = th.fed_duty + th.hysteresis  # (a label: starved-cpu, underutilized-small-kernels)
+    else:
+        fed = th.fed_duty
     # A window whose older part was fed and whose newer part has bursts and gaps is judged on the
     # newer part: a job that starves now is not healthy because it was fed six seconds ago.
     changed = ev.duty_since_change is not None and ev.change_age_s is not None
