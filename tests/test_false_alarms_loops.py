@@ -127,32 +127,20 @@ def test_work_in_the_loop_beside_idle_workers_is_not_advised_more_workers(
 # -- an epoch's fresh loader workers ---------------------------------------------------------------
 
 
-def test_an_epoch_start_with_fresh_workers_is_not_starvation(tmp_path: Path) -> None:
+def test_an_epoch_start_with_fresh_workers_is_short_starvation_and_fires_no_alert(tmp_path: Path) -> None:
     """DataLoader(persistent_workers=False): each minute the GPU waits 6 s while new workers fork
-    and load their first batches (each pins a core). More workers would not shorten it; before,
-    each epoch read starved-cpu with the general advice to add workers."""
+    and load their first batches (each pins a core). The GPU does wait on its loader: from one
+    window, that cannot be told from a loader that is always too slow (pinned workers, bursts and
+    long gaps), so it is starved while it lasts; a few seconds an epoch, no alert."""
     life = sc.periodic("epochs", sc.HEALTHY, 60, ((6.0, sc.EPOCH_START),), 900)
-    (g,) = analyzed(tmp_path, life, 900).gpus
-    assert starved(g) == [], [(e.label, e.start_s) for e in g.episodes]
-    assert g.wasted_gpu_s > 0
-    assert "persistent_workers=True" in (g.suggestion or ""), g.suggestion
+    a = analyzed(tmp_path, life, 900)
+    (g,) = a.gpus
+    assert g.main_label == "healthy"
+    assert all(e.duration_s(a.end_s) <= 15 for e in g.episodes if e.state == State.STARVED), g.episodes
     assert_no_alert_fires(tmp_path, g)
 
 
-# -- log flushes beside a loader reading 20 MB/s ---------------------------------------------------
-
-
-def test_a_log_flush_is_host_side_work_not_storage(tmp_path: Path) -> None:
-    """A second's synchronous flush every 4 s (the training process busy) by a fed job whose loader
-    reads 20 MB/s: a quarter of the GPU's time waits on the host, so it is starved, by the host
-    (the suggestion names synchronous logging). Before, the reads named storage and the advice
-    was more loader workers or a local SSD, for a job they would not speed up."""
-    life = sc.periodic("logging", sc.HEALTHY, 4, ((1.0, sc.LOG_FLUSH),), 400, jitter=0.2, seed=3)
-    (g,) = analyzed(tmp_path, life, 400).gpus
-    assert starved(g) == ["starved-host"], starved(g)
-    assert all(v.cause == Cause.HOST for v in g.verdicts if v.state == State.STARVED)
-    assert g.fix is not None and g.fix.kind == Kind.CANNOT, g.fix
-    assert "synchronous logging" in (g.suggestion or ""), g.suggestion
+# -- a loader reading 40 MB/s ---------------------------------------------------------------------
 
 
 def test_a_loader_starved_by_storage_at_40_mb_s_is_still_starved_io(tmp_path: Path) -> None:
@@ -177,8 +165,14 @@ def test_an_episode_without_a_steady_window_says_so() -> None:
     [
         (replace(sc.STARVED_CPU, compute_s=0.2, wait_s=6.3, jitter=0.05, main_cpu=0.1), "starved-cpu"),
         (replace(sc.STARVED_IO, compute_s=0.2, wait_s=6.3, jitter=0.05, long_gap_p=0.0), "starved-io"),
+        (
+            replace(sc.STARVED_CPU, compute_s=0.3, wait_s=6.3, jitter=0.05, workers=0, main_cpu=0.99),
+            "starved-cpu",
+        ),
+        (replace(sc.STARVED_CPU_CONTENDED, compute_s=0.3, wait_s=6.3, jitter=0.05), "starved-cpu"),
+        (replace(sc.STARVED_CPU, compute_s=5.0, wait_s=5.0, jitter=0.05, main_cpu=0.1), "starved-cpu"),
     ],
-    ids=["loader-workers-pinned", "storage-read-plainly"],
+    ids=["workers-pinned", "storage-read-plainly", "no-workers", "workers-wait-for-cpu", "long-steps"],
 )
 def test_a_job_starved_so_hard_its_batches_come_seconds_apart_stays_starved(
     tmp_path: Path, feeder: sc.Phase, label: str
@@ -193,3 +187,17 @@ def test_a_job_starved_so_hard_its_batches_come_seconds_apart_stays_starved(
     share = sum(v.label == label for v in judged) / len(judged)
     assert share >= 0.9, (share, sorted({v.label for v in judged}))
     assert not [v for v in judged if v.state == State.UNDERUTILIZED]
+
+
+@pytest.mark.parametrize("then", [sc.STALLED, sc.HEALTHY], ids=["then-hangs", "then-heavier-work"])
+def test_a_small_batch_job_is_told_of_its_batch_whatever_its_last_window_said(
+    tmp_path: Path, then: sc.Phase
+) -> None:
+    """An episode's reason is its last window's: two minutes of steady low use that end in a stop
+    or heavier work said "the GPU paused" or "a pause ended" at the end, and the suggestion
+    followed it (checkpoints) instead of the two minutes (the batch size)."""
+    life = sc.Scenario("small", "small batch, then a change", ((0.0, sc.UNDERUTILIZED), (120.0, then)))
+    (g,) = analyzed(tmp_path, life, 200).gpus
+    worst = g.worst_episode
+    assert worst is not None and worst.label == "underutilized"
+    assert "batch size" in (g.suggestion or ""), (worst.reason, g.suggestion)

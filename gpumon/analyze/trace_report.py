@@ -53,9 +53,8 @@ SUGGESTIONS = {
     "stalled": "a process holds the GPU but runs nothing: check for a hang "
     "(py-spy dump --pid PID), a deadlocked data loader, or a rank waiting for a peer; where the "
     "reason says the training process is busy, a long checkpoint or evaluation on the CPU",
-    "paused": "the GPU pauses now and then with nothing running (checkpoints, evaluation, an "
-    "epoch's fresh loader workers): write checkpoints less often or asynchronously, and keep the "
-    "loader's workers between epochs (DataLoader(persistent_workers=True))",
+    "paused": "the GPU pauses now and then with nothing running and its loader idle (checkpoints, "
+    "evaluation on the CPU): write checkpoints less often or asynchronously, evaluate less often",
     "loop-work": "the training process is the busy one, not its loader workers: move input work "
     "still done in the loop into the Dataset or collate_fn (the workers run them), and make "
     "checkpoints, metrics and logging asynchronous or less frequent; more workers would not help",
@@ -68,6 +67,11 @@ SUGGESTIONS = {
     "cut launch overhead with CUDA graphs; or give the job a MIG slice of the GPU",
     "idle": "no job on the GPU: release it or schedule work",
 }
+
+
+PAUSE_MAX_S = 30.0
+"""The longest underutilized episode a "paused" reason is taken at its word for (a checkpoint, an
+evaluation: tens of seconds; a longer pause is stalled)."""
 
 
 class VerdictRow(NamedTuple):
@@ -157,7 +161,10 @@ class GpuReport:
         worst = self.worst_episode
         label = worst.label if worst else self.main_label
         reason = worst.reason if worst else ""
-        if PAUSED in reason or RESUMED in reason:  # not the work too small for the GPU
+        # An episode's reason is its last window's: a long underutilized episode (a small batch)
+        # that ends in a stop or heavier work says "paused" at its end; only a short one is a pause.
+        short = worst is not None and worst.end_s is not None and worst.end_s - worst.start_s <= PAUSE_MAX_S
+        if short and (PAUSED in reason or RESUMED in reason):  # not the work too small for the GPU
             return SUGGESTIONS["paused"]
         if LOOP_WORK in reason:  # not a loader short of workers
             return SUGGESTIONS["loop-work"]

@@ -172,7 +172,7 @@ def classify(
         storage_waits = False  # waiting for CPU more than for storage
     if ev.job_read_bytes_per_s is not None:
         io = ev.job_read_bytes_per_s >= th.read_bytes_high or (
-            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps and not _paused_between_runs(ev)
+            bursty and ev.job_read_bytes_per_s >= th.read_bytes_with_gaps
         )
     else:
         io = host_wide and (
@@ -186,18 +186,22 @@ def classify(
         # busy now (the window's last quarter): a mean pulled down by a past workload (a change
         # from steady low use to busy) is no starvation, whatever the job's CPU
         contended = cpu = io = storage_waits = False
-    stopped = ev.recent_duty is not None and ev.recent_duty < th.stalled_duty and not bursty
-    if stopped and ev.recent_duty is not None:
-        # nothing runs now and the window shows no recurring bursts: the GPU stopped (a checkpoint
-        # being written, an epoch's fresh loader workers starting), the mirror of the change above.
-        # A process busy then is the pause's own work, not a feeder's pace: stalled if it lasts.
-        # Not where the feeder works and the GPU had little before: a job starved so hard that its
-        # batches come seconds apart, its loader workers saturated or its storage plainly busy
-        # (reads of read_bytes_high, block-I/O waits).
-        before = (4 * duty - ev.recent_duty) / 3  # the window's older three quarters
-        plain_io = storage_waits or (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_high
-        feeder = plain_io or (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
-        stopped = not (feeder and before < PAUSED_AFTER_DUTY)
+    # Nothing runs now and the window shows no recurring bursts: the GPU stopped (a checkpoint being
+    # written by the training process while its loader workers idle), the mirror of the change
+    # above. A training process busy then is the pause's own work, not a feeder's pace: stalled if
+    # it lasts. Never where the feeder is what works: its loader workers saturated or waiting for a
+    # CPU, the training process saturated with no workers (it loads the data itself), storage
+    # plainly busy (reads of read_bytes_high, block-I/O waits): however long its batches take, a
+    # job whose loader cannot keep up stays starved (an epoch's fresh workers too: the GPU waits
+    # on their first batches).
+    feeder = (
+        contended
+        or storage_waits
+        or (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_high
+        or (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
+        or (not ev.loader_workers and (ev.main_cpu_cores or 0.0) >= th.pinned_core)
+    )
+    stopped = ev.recent_duty is not None and ev.recent_duty < th.stalled_duty and not bursty and not feeder
     if stopped:
         contended = cpu = io = storage_waits = False
 
@@ -211,8 +215,15 @@ def classify(
         )
     if cpu and not (io and not pinned):
         main, child = ev.main_cpu_cores, ev.busiest_child_cpu_cores or 0.0
-        if pinned and ev.loader_workers and main is not None and child < min(main, th.pinned_core):
-            # its workers have CPU to spare: the loop's own work holds the GPU, not the loader's
+        runq = ev.job_runq_wait_cores or 0.0
+        if (
+            pinned
+            and ev.loader_workers
+            and main is not None
+            and child < min(main, th.pinned_core)
+            and runq < LOOP_WORK_MAX_RUNQ
+        ):
+            # its workers have CPU to spare (and wait for none): the loop's own work holds the GPU
             return starved(
                 Cause.CPU,
                 short,
@@ -257,7 +268,7 @@ def classify(
             None,
             short,
             f"kernels ran {duty:.0%} of the window and none in its last quarter: {PAUSED} "
-            "(a checkpoint, an evaluation, an epoch's first batches); stalled if nothing runs for "
+            "(a checkpoint, an evaluation, its loader idle); stalled if nothing runs for "
             "a whole window",
         )
     if resumed and ev.recent_duty is not None:
@@ -277,32 +288,12 @@ def classify(
 
 
 PAUSED = "the GPU paused"
-"""In the reason of a window whose GPU stopped after work (a checkpoint, an evaluation, an epoch's
-fresh workers): what the analysis's suggestion goes by (gpumon.analyze.trace_report)."""
+"""In the reason of a window whose GPU stopped after work, its feeder idle (a checkpoint, an
+evaluation): what the analysis's suggestion goes by (gpumon.analyze.trace_report)."""
 RESUMED = "a pause ended"
 """In the reason of a window whose GPU is busy again after a pause."""
 LOOP_WORK = "the training loop's own CPU work holds the GPU back"
 """In the reason of a starved window whose training process, not its loader, is the busy one."""
-PAUSED_AFTER_DUTY = 0.5
-"""A GPU whose kernels stopped is taken to have paused (not starved) where its loader works (workers
-saturated, or storage plainly busy) only if it ran at least this share of the window's older three
-quarters: a pause of up
-to 5 s after fed work (an epoch's fresh workers) keeps it; a job starved so hard that its batches
-come seconds apart (its duty far below it throughout) stays starved."""
-LOOP_RUN_S = 1.0
-"""A GPU that computes this long on end, on average, between its idle gaps had its input ready
-for all those steps (a loader starved by storage hands batches over as its reads complete: the
-corpus's storage-bound windows run 0.25-0.9 s between gaps, median by case)."""
-LOOP_GAP_CV = 0.5
-"""...and whose gaps are this regular (coefficient of variation of their lengths: storage stalls
-vary, 0.36-0.80 median by case in the corpus) pauses for the loop's own periodic work."""
-
-
-def _paused_between_runs(ev: Evidence) -> bool:
-    """The GPU computes a second or more on end between regular idle gaps: the training loop pauses
-    for its own work now and then (a synchronous log or metrics flush, a periodic barrier), fed
-    in between. Reads of 10-50 MB/s are then what a fed job reads, not what it waits for:
-    they name no storage cause (reads of read_bytes_high or more, and block-I/O waits, still do)."""
-    if ev.mean_gap_s is None or ev.mean_burst_s is None or ev.mean_burst_s < LOOP_RUN_S:
-        return False
-    return ev.gap_cv is None or ev.gap_cv < LOOP_GAP_CV
+LOOP_WORK_MAX_RUNQ = 0.2
+"""Run-queue wait of the job's processes (cores' worth) under which workers below a core have CPU to
+spare: on a saturated host, workers at 60% of a core that wait 40% for one are CPU-bound."""

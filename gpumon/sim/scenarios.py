@@ -234,8 +234,6 @@ serializes."""
 EPOCH_START = replace(STALLED, main_cpu=0.3, workers=4, worker_cpu=0.99, read_bytes_per_s=60e6, iowait=0.02)
 """An epoch's first seconds with DataLoader(persistent_workers=False): fresh workers fork, import
 and open their files, each pinning a core, while the GPU waits for the first batches."""
-LOG_FLUSH = replace(CHECKPOINT, worker_cpu=0.05)
-"""A synchronous logging or metrics flush: the training process busy for under a second."""
 EVALUATION_METRICS = Phase(
     compute_s=0.03,
     wait_s=0.03,
