@@ -253,6 +253,31 @@ def test_a_system_clock_stepped_back_is_followed_though_the_ring_keeps_its_older
     assert len(history) == len(set(history)), "no point told twice"
 
 
+def test_after_a_clock_stepped_back_an_idle_spell_replays_nothing_from_before_it() -> None:
+    """Once the stepped-back clock was followed, the ring's older samples (stamped above the new
+    ones) still came back from each reading: dropped as ahead of now while the GPU was busy, but
+    an idle spell took them for a jump of the driver's clock, realigned to them and told ~300 of
+    them again, placed over the last 49 s, every idle spell until they rolled out."""
+    nv = RingDriver(600)
+    src, state = NvmlSource(nv, Problems(logging.getLogger("test.samples"))), GpuState(0, handle=object())
+    nv.run(30)
+    told: list[float] = []
+    for tick in range(1, 80):
+        if tick == 20:
+            nv.clock_s -= 500
+        busy = tick < 20 or (tick - 20) % 15 < 5  # after the step: 5 s busy, 10 s idle
+        if busy:
+            nv.run(1.0)
+        else:
+            nv.clock_s += 1.0  # the driver's clock goes on; no sample while idle
+        points = [p.t_s for p in src._history(state, float(tick))]
+        assert all(tick - 1.5 < t <= tick + 0.01 for t in points), (tick, min(points), len(points))
+        told += points
+        if busy and tick >= 40:
+            assert points, f"tick {tick}: a busy second without its history"
+    assert len(told) == len(set(told)), "no point told twice"
+
+
 def test_an_idle_gpu_is_not_replayed_and_costs_few_calls_more() -> None:
     """The driver's ring stops moving (NOT_FOUND on every reading): its whole ring is read now and
     then, found unchanged, and nothing is told again; a busy GPU costs no call more."""

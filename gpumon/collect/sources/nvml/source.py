@@ -444,6 +444,11 @@ class NvmlSource(MigReading, ClockReading):
             )
             return ()
         fresh = fresh_pairs(value_type, raw, state.last_seen_ts_us)
+        if state.replayed:  # a clock stepped back was followed: its older samples, still in the ring
+            kept = [p for p in fresh if p[0] not in state.replayed]
+            if len(kept) == len(fresh):
+                state.replayed = frozenset()  # rolled out of it
+            fresh = kept
         if not fresh:
             return self._stale(state, t_s)
         newest = fresh[-1][0]
@@ -508,6 +513,9 @@ class NvmlSource(MigReading, ClockReading):
         offset = state.aligner.observe(t_s, newest)
         assert offset is not None
         state.last_seen_ts_us = newest
+        # the ring's samples stamped above the newest followed are from before the step: told once
+        # already, they are never read as new (an idle spell realigned to them, replaying them)
+        state.replayed = frozenset(ts for ts, _ in ring if ts > newest)
         state.stale, state.below = (0, 0), (0, frozenset())
         state.ahead_polls = 0
         state.first_poll = False

@@ -25,6 +25,9 @@ class GpuState:
     stale: tuple[int, int] = (0, 0)
     """(last seen timestamp, readings in a row with nothing newer than it): source._stale."""
     below: tuple[int, frozenset[int]] = (0, frozenset())
+    replayed: frozenset[int] = frozenset()
+    """After a clock stepped back was followed: the ring's samples from before the step (stamped
+    above the new ones), left out of every reading until they roll out of the ring."""
     """(last seen timestamp, the samples below it in the driver's ring when last looked at):
     samples that go on coming below the last seen mean it is ahead of the driver's clock."""
     unsupported: set[str] = field(default_factory=set)
