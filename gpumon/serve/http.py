@@ -83,7 +83,8 @@ connection limit could not close one still in its handshake), until the daemon r
 descriptors and shut real clients out. A real client's handshake takes milliseconds: beyond this
 many, the oldest is closed for the newcomer, at most EVICTIONS_PER_S a second."""
 HANDSHAKE_FLOOR_S = 1.0
-"""A handshake under way for less than this is never closed for a newcomer past MAX_HANDSHAKES:
+"""A handshake under way for less than this (or, where max_handshakes is under 200, for less than
+max_handshakes / EVICTIONS_PER_S) is never closed for a newcomer past the bound:
 the newcomers wait in the kernel's backlog instead. A real client's handshake takes milliseconds
 (a slow network's, a round trip or two); closing the oldest whatever its age closed 144 of 400 real
 clients that connected at once and sent their hellos half a second later."""
@@ -468,14 +469,20 @@ class WebServer:
         timeout_s: float = 10.0,
         keepalive_s: float = 75.0,
         max_handshakes: int = MAX_HANDSHAKES,
-        handshake_floor_s: float = HANDSHAKE_FLOOR_S,
+        handshake_floor_s: float | None = None,
     ) -> None:
         self.routes = routes
         self.timeout_s = timeout_s
         self.keepalive_s = keepalive_s
         self.max_connections = _raise_fd_limit(max_connections)
         self.max_handshakes = max(1, min(max_handshakes, self.max_connections))
-        self.handshake_floor_s = handshake_floor_s
+        # by default HANDSHAKE_FLOOR_S, but at a low limit no longer than the eviction budget takes to
+        # go through them all: 1 s would cap accepting at max_handshakes a second under a flood
+        self.handshake_floor_s = (
+            min(HANDSHAKE_FLOOR_S, self.max_handshakes / EVICTIONS_PER_S)
+            if handshake_floor_s is None
+            else handshake_floor_s
+        )
         self._web = web
         self._ssl = web.ssl_context() if web.tls else None
         _small_tls_buffers()
