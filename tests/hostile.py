@@ -10,10 +10,12 @@ import re
 import resource
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def raw_exchange(host: str, port: int, data: bytes, wait_s: float = 2.0) -> bytes:
@@ -192,3 +194,16 @@ class RawServer:
     def close(self) -> None:
         self.stop.set()
         self.srv.close()
+
+
+def self_signed(directory: Path) -> tuple[Path, Path, Path]:
+    """A certificate and key for localhost in `directory`, and a web config serving TLS with them."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+         str(cert), "-days", "1", "-subj", "/CN=localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    web_yml = directory / "web.yml"
+    web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    return cert, key, web_yml

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.request
@@ -22,6 +21,8 @@ import gpumon.integrations as hooks
 from gpumon.integrations import Watch, advice, fix_line
 from gpumon.serve import http
 from gpumon.serve.webconfig import load_web_config
+
+from .hostile import self_signed
 
 ME = os.getpid()
 HOST = "127.0.0.1"
@@ -195,16 +196,7 @@ def test_a_summary_still_out_when_the_next_run_starts_is_not_said_in_it(
 @pytest.fixture(scope="module")
 def web_yml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A web config serving TLS with a certificate for localhost."""
-    tmp = tmp_path_factory.mktemp("tls")
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-         str(cert), "-days", "1", "-subj", "/CN=localhost"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    web = tmp / "web.yml"
-    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    return web
+    return self_signed(tmp_path_factory.mktemp("tls"))[2]
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from gpumon.serve.daemon import Daemon
 from gpumon.serve.webconfig import WebConfig
 
 from .conftest import ROOT
+from .hostile import self_signed
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 
@@ -836,19 +837,6 @@ def test_a_request_in_absolute_form_is_served_as_its_path() -> None:
         web.stop()
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """A certificate and key for localhost, and a web config serving TLS with them."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-         str(cert), "-days", "1", "-subj", "/CN=localhost"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    web_yml = tmp_path / "web.yml"
-    web_yml.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    return cert, key, web_yml
-
-
 def _up_routes() -> http.Routes:
     """Routes whose /metrics says `up 1` (an in-process WebServer's, for the HTTP side's tests)."""
     return http.Routes(
@@ -867,7 +855,7 @@ def test_a_tls_handshake_never_finished_holds_a_small_buffer(tmp_path: Path) -> 
 
     from gpumon.serve.webconfig import load_web_config
 
-    _, _, web_yml = _self_signed(tmp_path)
+    _, _, web_yml = self_signed(tmp_path)
     routes = _up_routes()
     web = http.WebServer(("127.0.0.1", 0), routes, load_web_config(str(web_yml)))
     web.start()
@@ -900,7 +888,7 @@ def test_a_reload_applies_the_tls_settings_to_new_connections(tmp_path: Path) ->
 
     from gpumon.serve.webconfig import load_web_config
 
-    cert, key, web_yml = _self_signed(tmp_path)
+    cert, key, web_yml = self_signed(tmp_path)
     routes = _up_routes()
     web = http.WebServer(("127.0.0.1", 0), routes, load_web_config(str(web_yml)))
     web.start()
