@@ -201,7 +201,19 @@ def classify(
         or (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
         or (not ev.loader_workers and (ev.main_cpu_cores or 0.0) >= th.pinned_core)
     )
-    stopped = ev.recent_duty is not None and ev.recent_duty < th.stalled_duty and not bursty and not feeder
+    # And only a pause of fed work: the GPU held healthy or underutilized (a job starved from its
+    # start, or already judged starved, stays on the cause path) and busy at least half of the
+    # window's older three quarters (a training process pinned for seconds between short steps,
+    # RL rollouts on the CPU, is a loop that starves its GPU, not a checkpoint).
+    quiet = ev.recent_duty
+    stopped = (
+        quiet is not None
+        and quiet < th.stalled_duty
+        and not bursty
+        and not feeder
+        and current in (State.HEALTHY, State.UNDERUTILIZED)
+        and (4 * duty - quiet) / 3 >= PAUSED_AFTER_DUTY
+    )
     if stopped:
         contended = cpu = io = storage_waits = False
 
@@ -294,6 +306,10 @@ RESUMED = "a pause ended"
 """In the reason of a window whose GPU is busy again after a pause."""
 LOOP_WORK = "the training loop's own CPU work holds the GPU back"
 """In the reason of a starved window whose training process, not its loader, is the busy one."""
+PAUSED_AFTER_DUTY = 0.25
+"""A stop is a pause only where the GPU was busy at least this share of the window's older three
+quarters: the first seconds of a checkpoint after fed work; a loop whose GPU runs 0.2 s every 6 s
+(duty ~3% throughout) is starved by it."""
 LOOP_WORK_MAX_RUNQ = 0.2
 """Run-queue wait of the job's processes (cores' worth) under which workers below a core have CPU to
 spare: on a saturated host, workers at 60% of a core that wait 40% for one are CPU-bound."""
