@@ -20,6 +20,7 @@ from gpumon.cli import main
 from gpumon.dstat import install as dstat_install
 from gpumon.dstat import pcp as dstat_pcp
 from gpumon.trace.range import MAX_WARNINGS_PER_KIND, read_range
+from gpumon.trace.reader import WARNINGS_PER_KIND
 from gpumon.trace.records import make_header
 from tests.hostile import RawServer
 from tests.test_dstat import run as run_dstat
@@ -98,6 +99,25 @@ def test_one_noisy_kind_of_warning_leaves_room_for_the_others(tmp_path: Path) ->
     assert any("segments overlap in time" in w for w in a.warnings), a.warnings[-3:]
     assert any(f"{200 - MAX_WARNINGS_PER_KIND} more warning(s)" in w for w in a.warnings), a.warnings[-3:]
     assert len(a.warnings) <= 2 * MAX_WARNINGS_PER_KIND, len(a.warnings)
+
+
+def test_a_range_counts_every_warning_its_segments_left_unsaid(tmp_path: Path) -> None:
+    """Each segment keeps 5 warnings of a kind and summed up the rest in one line, which the range
+    then counted as one warning: 3 segments with 12 repeated ticks each said "8 more" of 36."""
+    assert 3 * WARNINGS_PER_KIND > MAX_WARNINGS_PER_KIND  # the range's own cap is the one reached
+    d = tmp_path / "rec"
+    for minute in range(3):
+        path = segment(d, minute)
+        own = STARTED + 60 * minute - 1.0
+        with gzip.open(path, "wb") as f:
+            records = [header(own), *(tick(float(i)) for i in range(1, 61))]
+            records += [tick(60.0)] * 12  # 12 repeated t_s, each dropped with a warning
+            f.write(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    a = analyze_range(str(d), 0.0)
+    repeated = [w for w in a.warnings if "repeated t_s" in w and "more warning" not in w]
+    assert len(repeated) == MAX_WARNINGS_PER_KIND, a.warnings
+    (more,) = [w for w in a.warnings if "more warning" in w]
+    assert f"{3 * 12 - MAX_WARNINGS_PER_KIND} more warning(s) not shown (repeated t_s)" in more, more
 
 
 # -- a segment header stamped wrong --------------------------------------------------------------

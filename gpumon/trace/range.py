@@ -160,9 +160,10 @@ def _ticks(
         span.segments.append(seg.path)
         warnings: list[str] = []
         kinds: list[str] = []
+        hidden: dict[str, int] = {}
         read = 0
         try:
-            items = iter_trace(seg.path, warnings, gpus, kinds)
+            items = iter_trace(seg.path, warnings, gpus, kinds, hidden)
             header = next(items)
             assert isinstance(header, dict)
             started = header.get("started_unix_s")
@@ -222,6 +223,8 @@ def _ticks(
             if seg.path == newest and kind in ("torn", "partial"):
                 continue  # being written, most likely: no end yet is no news
             span.warn(w, kind)
+        for kind, n in hidden.items():  # the segment's own warnings past its cap: counted, not shown
+            span.more_warnings[kind] = span.more_warnings.get(kind, 0) + n
     if span.overlapping:
         span.warn(
             f"{span.directory}: {span.overlapping} tick(s) passed over: segments overlap in time "

@@ -86,6 +86,7 @@ def iter_trace(
     warnings: list[str] | None = None,
     wanted: Callable[[int], bool] | None = None,
     kinds: list[str] | None = None,
+    hidden: dict[str, int] | None = None,
 ) -> Iterator[dict[str, Any] | Tick]:
     """Yield the header dict, then Ticks, then the end dict if present. Either version.
 
@@ -97,8 +98,11 @@ def iter_trace(
 
     `kinds`, when given, gets each warning's kind ("torn", "repeated t_s", ...), one per line
     added to `warnings`: a reader of many files bounds its warnings per kind (gpumon.trace.range).
+    `hidden`, when given, gets the count of each kind's warnings past the first WARNINGS_PER_KIND,
+    instead of a line saying how many: such a reader counts them with its own.
     """
     reader = _Reader(path, warnings if warnings is not None else [], kinds)
+    reader.hidden = hidden
     reader.wanted = wanted
     try:
         f = open_regular(path)  # a FIFO would block, a device never end
@@ -210,6 +214,8 @@ class _Reader:
         self.wanted: Callable[[int], bool] | None = None
         """Only these GPU indices are read (analyze --gpu, and a worker's share)."""
         self._kinds: dict[str, int] = {}
+        self.hidden: dict[str, int] | None = None
+        """Where the counts of warnings not kept go, instead of a line (iter_trace's `hidden`)."""
         self.ignored = 0
         """Records of unknown types since the last known one."""
         self._gpus_seen: set[tuple[int, int | None, str | None]] = set()
@@ -228,7 +234,11 @@ class _Reader:
     def finish(self) -> None:
         """One line for each kind of warning that had more than were kept."""
         for kind, n in self._kinds.items():
-            if n > WARNINGS_PER_KIND:
+            if n <= WARNINGS_PER_KIND:
+                continue
+            if self.hidden is not None:
+                self.hidden[kind] = self.hidden.get(kind, 0) + n - WARNINGS_PER_KIND
+            else:
                 self._add(kind, f"{self.path}: {n - WARNINGS_PER_KIND} more warning(s) like these ({kind})")
         self._kinds.clear()
 
