@@ -247,7 +247,36 @@ CANNOT = [
         "threads",
     ),
     ("steps blurred at 1 s", Cause.CPU, IDLE_8._replace(coarse_blur=True), 20, "blur"),
+    (
+        "main busier than its workers, which wait for no CPU: work in the loop",
+        Cause.CPU,
+        IDLE_8._replace(main_cores=0.6, busiest_worker_cores=0.3, worker_cores=0.3, runq_cores=0.05),
+        20,
+        "training loop itself",
+    ),
 ]
+
+
+def test_workers_waiting_for_a_cpu_are_cpu_bound_not_idle_beside_a_busy_loop() -> None:
+    """Two cores, two CPU hogs (a group each), three loader workers at a fifth of a core each and
+    the training process at a third: the workers wait for a CPU (1.2 cores' worth), as the
+    classifier's contended rule reads them. The training process busier than any one of them is
+    no sign of work in the loop here: the contention model gives its number (no gain: the job has
+    its third of the machine), where it said "cannot predict: the GPU waits on the loop"."""
+    busy = IDLE_8._replace(
+        cpu_count=2,
+        duty=0.4,
+        main_cores=0.35,
+        worker_cores=0.6,
+        busiest_worker_cores=0.25,
+        workers=3,
+        host_busy_cores=2.0,
+        runq_cores=1.2,
+    )
+    advice = cpu(busy)
+    assert advice.kind == Kind.PREDICTED and advice.no_gain and advice.best is None, advice
+    quiet = cpu(busy._replace(runq_cores=0.0, host_busy_cores=1.0))
+    assert quiet.kind == Kind.CANNOT and "training loop itself" in quiet.why, quiet
 
 
 @pytest.mark.parametrize(("name", "cause", "inputs", "windows", "why"), CANNOT, ids=[c[0] for c in CANNOT])

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from gpumon.detect.classify import LOOP_WORK_MAX_RUNQ
 from gpumon.detect.evidence import Evidence
 from gpumon.detect.vocabulary import Cause, State
 
@@ -97,6 +98,8 @@ class RemedyInputs(NamedTuple):
     peer_cores: float = 0.0
     """A straggler's: the CPU of the job's other ranks on this host, which wait for it (in
     sync-stall); their steps, and so their CPU, grow with its (detect/stragglers.py)."""
+    runq_cores: float | None = None
+    """The job's processes' wait for a CPU, in cores' worth (schedstat; None where not counted)."""
 
     @classmethod
     def of(cls, ev: Evidence, peer_cores: float = 0.0) -> RemedyInputs | None:
@@ -120,6 +123,7 @@ class RemedyInputs(NamedTuple):
             disk_busy_ratio=ev.disk_busy_ratio,
             read_bytes_per_s=ev.job_read_bytes_per_s,
             peer_cores=peer_cores,
+            runq_cores=ev.job_runq_wait_cores,
         )
 
 
@@ -402,7 +406,10 @@ def predict(
             windows,
         )
     busiest = i.busiest_worker_cores or 0.0
-    inline = cause == Cause.CPU and i.main_cores > busiest
+    # workers below a core that wait for one are CPU-bound on a busy host, not idle beside a busy
+    # loop: the contention model below applies (the classifier's loop-work rule reads it so too)
+    waiting = (i.runq_cores or 0.0) >= LOOP_WORK_MAX_RUNQ
+    inline = cause == Cause.CPU and i.main_cores > busiest and not waiting
     if i.workers and inline and busiest < WORKER_SATURATED:
         # the workers have CPU to spare (their queues full): "move it to worker processes" would
         # tell a job that checkpoints or computes metrics in its loop to add what it has
