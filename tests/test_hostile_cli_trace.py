@@ -120,6 +120,23 @@ def test_a_range_counts_every_warning_its_segments_left_unsaid(tmp_path: Path) -
     assert f"{3 * 12 - MAX_WARNINGS_PER_KIND} more warning(s) not shown (repeated t_s)" in more, more
 
 
+def test_a_range_that_ends_inside_a_segment_still_counts_its_unsaid_warnings(tmp_path: Path) -> None:
+    """The range's end left the segment's reader suspended, its count not yet made: 12 repeated
+    ticks before the end showed 5 warnings and no count of the other 7."""
+    d = tmp_path / "rec"
+    path = segment(d, 0)
+    with gzip.open(path, "wb") as f:
+        ticks = [tick(float(i)) for i in range(1, 31)] + [tick(30.0)] * 12
+        ticks += [tick(float(i)) for i in range(31, 61)]
+        f.write(b"".join(json.dumps(r).encode() + b"\n" for r in [header(STARTED - 1.0), *ticks]))
+    segment(d, 1)
+    span, ticks_read = read_range(str(d), 0.0, until=STARTED + 44.0)
+    assert len(list(ticks_read)) == 44  # t_s 1..44 of the first segment (until is not included)
+    repeated = [w for w in span.warnings if "repeated t_s" in w]
+    assert len(repeated) == WARNINGS_PER_KIND + 1, span.warnings
+    assert f"{12 - WARNINGS_PER_KIND} more warning(s) not shown (repeated t_s)" in repeated[-1], repeated
+
+
 # -- a segment header stamped wrong --------------------------------------------------------------
 
 

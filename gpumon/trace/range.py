@@ -162,8 +162,8 @@ def _ticks(
         kinds: list[str] = []
         hidden: dict[str, int] = {}
         read = 0
+        items = iter_trace(seg.path, warnings, gpus, kinds, hidden)
         try:
-            items = iter_trace(seg.path, warnings, gpus, kinds, hidden)
             header = next(items)
             assert isinstance(header, dict)
             started = header.get("started_unix_s")
@@ -219,6 +219,10 @@ def _ticks(
             kinds.append("unreadable segments")
             if span.first_skipped is None:
                 span.first_skipped = warnings[-1]
+        finally:
+            # a segment left at the range's end (or by an error of this reader's) is closed now:
+            # its reader's count of what it did not say is made then, and read below
+            items.close()
         for w, kind in zip(warnings, kinds, strict=True):
             if seg.path == newest and kind in ("torn", "partial"):
                 continue  # being written, most likely: no end yet is no news

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +87,7 @@ def iter_trace(
     wanted: Callable[[int], bool] | None = None,
     kinds: list[str] | None = None,
     hidden: dict[str, int] | None = None,
-) -> Iterator[dict[str, Any] | Tick]:
+) -> Generator[dict[str, Any] | Tick, None, None]:
     """Yield the header dict, then Ticks, then the end dict if present. Either version.
 
     Rules (documented in docs/trace-format.md): a partial last line (a killed recorder) is dropped
