@@ -250,7 +250,7 @@ CANNOT = [
     (
         "main busier than its workers, which wait for no CPU: work in the loop",
         Cause.CPU,
-        IDLE_8._replace(main_cores=0.6, busiest_worker_cores=0.3, worker_cores=0.3, runq_cores=0.05),
+        IDLE_8._replace(main_cores=0.95, busiest_worker_cores=0.3, worker_cores=0.3, runq_cores=0.05),
         20,
         "training loop itself",
     ),
@@ -275,8 +275,35 @@ def test_workers_waiting_for_a_cpu_are_cpu_bound_not_idle_beside_a_busy_loop() -
     )
     advice = cpu(busy)
     assert advice.kind == Kind.PREDICTED and advice.no_gain and advice.best is None, advice
-    quiet = cpu(busy._replace(runq_cores=0.0, host_busy_cores=1.0))
+    quiet = cpu(busy._replace(main_cores=0.95, runq_cores=0.0, host_busy_cores=1.0))
     assert quiet.kind == Kind.CANNOT and "training loop itself" in quiet.why, quiet
+
+
+def test_a_training_process_that_wants_a_core_it_does_not_get_is_contended_not_loop_work() -> None:
+    """The classifier reads a process at 0.85 of a core that waits 0.1 for one as CPU-bound on a
+    busy host (it wants 0.95): no loop work, whatever its loader workers use. What a fix buys
+    said "the GPU waits on work in the training loop itself" there."""
+    contended = IDLE_8._replace(
+        cpu_count=2,
+        duty=0.4,
+        main_cores=0.85,
+        worker_cores=0.6,
+        busiest_worker_cores=0.3,
+        workers=2,
+        host_busy_cores=2.0,
+        runq_cores=0.1,
+    )
+    advice = cpu(contended)
+    assert advice.kind == Kind.PREDICTED, advice
+
+
+def test_the_saturation_line_is_the_detectors_own() -> None:
+    """With pinned_core at 0.7 the classifier reads a worker at 0.8 saturated (no loop work): so
+    does the model, where it held 0.9 whatever the setting."""
+    i = IDLE_8._replace(main_cores=0.95, worker_cores=0.8, busiest_worker_cores=0.8, runq_cores=0.0)
+    assert "training loop itself" in cpu(i).why
+    advice = predict(State.STARVED, Cause.CPU, i, 20, saturated=0.7)
+    assert advice is not None and "training loop itself" not in advice.why, advice
 
 
 @pytest.mark.parametrize(("name", "cause", "inputs", "windows", "why"), CANNOT, ids=[c[0] for c in CANNOT])

@@ -101,7 +101,8 @@ class Advisor:
         if windows:
             settled = [i for t, i in windows if t <= windows[-1][0] - self.thresholds.window_s]
             chosen = settled if len(settled) >= len(windows) // 2 and settled else [i for _, i in windows]
-            return predict(ep.state, cause, median_inputs(chosen), len(chosen))
+            saturated = self.thresholds.pinned_core
+            return predict(ep.state, cause, median_inputs(chosen), len(chosen), saturated)
         return predict(ep.state, cause, None, 0)
 
     def current(self, key: GpuKey, t_s: float | None = None) -> Advice | None:

@@ -362,10 +362,16 @@ def _speedup(
 
 
 def predict(
-    state: State, cause: Cause | None, i: RemedyInputs | None, windows: int = MIN_WINDOWS
+    state: State,
+    cause: Cause | None,
+    i: RemedyInputs | None,
+    windows: int = MIN_WINDOWS,
+    saturated: float = WORKER_SATURATED,
 ) -> Advice | None:
     """What a fix buys on a GPU in `state` (its cause) whose windows gave `i` (their median, over
-    `windows` windows). None for states with nothing to say (idle, stalled, underutilized ...)."""
+    `windows` windows). None for states with nothing to say (idle, stalled, underutilized ...).
+    `saturated`: a process's share of a core from which it is saturated (the detector's
+    `pinned_core`, which the classifier read the window by)."""
     if state == State.HEALTHY:
         return fed()
     if state != State.STARVED:
@@ -406,11 +412,13 @@ def predict(
             windows,
         )
     busiest = i.busiest_worker_cores or 0.0
-    # workers below a core that wait for one are CPU-bound on a busy host, not idle beside a busy
-    # loop: the contention model below applies (the classifier's loop-work rule reads it so too)
+    # As the classifier reads it: the training process does the CPU work only where it is itself
+    # saturated and the job waits for no CPU. Workers below a core that wait for one, or a training
+    # process that wants a core it does not get, are CPU-bound on a busy host (its contended rule):
+    # the contention model below gives their number.
     waiting = (i.runq_cores or 0.0) >= LOOP_WORK_MAX_RUNQ
-    inline = cause == Cause.CPU and i.main_cores > busiest and not waiting
-    if i.workers and inline and busiest < WORKER_SATURATED:
+    inline = cause == Cause.CPU and i.main_cores > busiest and i.main_cores >= saturated and not waiting
+    if i.workers and inline and busiest < saturated:
         # the workers have CPU to spare (their queues full): "move it to worker processes" would
         # tell a job that checkpoints or computes metrics in its loop to add what it has
         return cannot(
