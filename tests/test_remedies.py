@@ -257,22 +257,26 @@ CANNOT = [
 ]
 
 
+BESIDE_HOGS = IDLE_8._replace(
+    cpu_count=2,
+    duty=0.4,
+    main_cores=0.35,
+    worker_cores=0.6,
+    busiest_worker_cores=0.25,
+    workers=3,
+    host_busy_cores=2.0,
+    runq_cores=1.2,
+)
+"""Two cores, two CPU hogs: three loader workers at a fifth of a core each waiting for a CPU."""
+
+
 def test_workers_waiting_for_a_cpu_are_cpu_bound_not_idle_beside_a_busy_loop() -> None:
     """Two cores, two CPU hogs (a group each), three loader workers at a fifth of a core each and
     the training process at a third: the workers wait for a CPU (1.2 cores' worth), as the
     classifier's contended rule reads them. The training process busier than any one of them is
     no sign of work in the loop here: the contention model gives its number (no gain: the job has
     its third of the machine), where it said "cannot predict: the GPU waits on the loop"."""
-    busy = IDLE_8._replace(
-        cpu_count=2,
-        duty=0.4,
-        main_cores=0.35,
-        worker_cores=0.6,
-        busiest_worker_cores=0.25,
-        workers=3,
-        host_busy_cores=2.0,
-        runq_cores=1.2,
-    )
+    busy = BESIDE_HOGS
     advice = cpu(busy)
     assert advice.kind == Kind.PREDICTED and advice.no_gain and advice.best is None, advice
     quiet = cpu(busy._replace(main_cores=0.95, runq_cores=0.0, host_busy_cores=1.0))
@@ -283,16 +287,7 @@ def test_a_training_process_that_wants_a_core_it_does_not_get_is_contended_not_l
     """The classifier reads a process at 0.85 of a core that waits 0.1 for one as CPU-bound on a
     busy host (it wants 0.95): no loop work, whatever its loader workers use. What a fix buys
     said "the GPU waits on work in the training loop itself" there."""
-    contended = IDLE_8._replace(
-        cpu_count=2,
-        duty=0.4,
-        main_cores=0.85,
-        worker_cores=0.6,
-        busiest_worker_cores=0.3,
-        workers=2,
-        host_busy_cores=2.0,
-        runq_cores=0.1,
-    )
+    contended = BESIDE_HOGS._replace(main_cores=0.85, busiest_worker_cores=0.3, workers=2, runq_cores=0.1)
     advice = cpu(contended)
     assert advice.kind == Kind.PREDICTED, advice
 
