@@ -11,6 +11,8 @@ Input pipelines (--pipeline):
                augmented with PIL in worker processes: with more workers than cores, or
                --cpu-hogs beside it, each worker gets part of a core and waits for the rest
 Every pipeline runs in --workers processes (default: 2 for fed and jpeg, 1 for the starved ones).
+--duration counts from the first step: a start-up slowed by a busy host (the model built, the loader's
+  workers started) does not shorten the training.
 --cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
 --starve-after S makes the change inside one run: the job trains fed for S seconds, then the same
   job's loader switches to --pipeline (with the same worker processes) and the --cpu-hogs start;
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
@@ -236,6 +239,10 @@ class Progress(keras.callbacks.Callback):
         self.start = self.last = time.monotonic()
         self.steps = 0
 
+    def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+        if self.steps == 0:  # --duration counts from the first step (StepTimer)
+            self.start = self.last = time.monotonic()
+
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         self.steps += 1
         now = time.monotonic()
@@ -254,16 +261,21 @@ class Progress(keras.callbacks.Callback):
 class StepTimer(keras.callbacks.Callback):
     """Per step: input wait (end of the previous step to the start of this one) and compute."""
 
-    def __init__(self, opts: BenchOptions, stop_at: float, switch_at: float | None = None) -> None:
+    def __init__(
+        self, opts: BenchOptions, switch_at: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
-        self.opts, self.stop_at, self.switch_at = opts, stop_at, switch_at
+        self.opts, self.switch_at, self.clock = opts, switch_at, clock
+        self.stop_at = math.inf
+        """--duration from the first step's start (set then): a start-up slowed by a loaded host
+        (the first step builds the model, the loader's workers start) does not eat the training."""
         self.hogs: list[int] = []
         self.pipeline = "fed" if switch_at is not None else opts.pipeline
         """The pipeline feeding the job now (truth windows name it)."""
         self.prev_end: float | None = None
         self.begin = 0.0
         self.window: list[tuple[float, float]] = []  # (wait, busy)
-        self.window_start = time.monotonic()
+        self.window_start = self.clock()
         self.steps = 0
         self._drive = open(opts.drive, "a", encoding="utf-8") if opts.drive else None
         self._truth = open(opts.truth, "a", encoding="utf-8") if opts.truth else None
@@ -272,7 +284,10 @@ class StepTimer(keras.callbacks.Callback):
             self._drive.flush()
 
     def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
-        self.begin = time.monotonic()
+        self.begin = self.clock()
+        if self.stop_at == math.inf:  # the first step: training (and the first truth window) starts
+            self.stop_at = self.begin + self.opts.duration_s
+            self.window_start = self.begin
         if self._drive:  # busy from now: a driver sample read before the step ends counts it
             self._drive.write(f"{self.begin:.6f} -\n")
             self._drive.flush()
@@ -285,14 +300,15 @@ class StepTimer(keras.callbacks.Callback):
         self.switch_at = None
         if self.window:
             self._close_window(at)
-        self.window_start, self.pipeline = at, self.opts.pipeline
+        # the switch may fall in the start-up, before the first step (which then opens the window)
+        self.window_start, self.pipeline = max(at, self.window_start), self.opts.pipeline
         if self._drive:
             self._drive.write(f"# switch {at:.6f}\n")
             self._drive.flush()
         self.hogs = _start_hogs(self.opts.cpu_hogs)
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
-        end = time.monotonic()
+        end = self.clock()
         wait = self.begin - self.prev_end if self.prev_end is not None else 0.0
         self.prev_end = end
         self.steps += 1
@@ -311,7 +327,7 @@ class StepTimer(keras.callbacks.Callback):
         share = waited / (waited + busy) if waited + busy > 0 else 0.0
         band = "highly" if share >= 0.20 else "moderately" if share >= 0.05 else "not"
         if self._truth:
-            unix_end = time.time() - (time.monotonic() - now)
+            unix_end = time.time() - (self.clock() - now)
             record = {
                 "start_unix_s": round(unix_end - (now - self.window_start), 3),
                 "end_unix_s": round(unix_end, 3),
@@ -489,7 +505,7 @@ def run(opts: BenchOptions) -> dict[str, float]:
     switch_at = None
     if switching is not None and opts.starve_after_s is not None:
         switch_at = switching.switch_at = start + opts.starve_after_s
-    timer = StepTimer(opts, start + opts.duration_s, switch_at)
+    timer = StepTimer(opts, switch_at)
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
     callbacks: list[keras.callbacks.Callback] = [timer]
     if opts.verbose:

@@ -23,7 +23,9 @@ def add_parser(
         help="a Keras training job, fed or starved on purpose (needs the bench extra)",
     )
     s.add_argument("--pipeline", choices=["fed", "starved-cpu", "starved-io", "jpeg"], default="fed")
-    flags.add_setting(s, flags.DURATION, default=60.0, help="how long to train (default 60 s)")
+    flags.add_setting(
+        s, flags.DURATION, default=60.0, help="how long to train, from the first step (default 60 s)"
+    )
     s.add_argument("--batch-size", type=int, default=64, metavar="N")
     s.add_argument(
         "--workers",
