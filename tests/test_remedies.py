@@ -16,6 +16,7 @@ from gpumon.detect.remedies import (
     Kind,
     Limit,
     RemedyInputs,
+    healthy,
     median_inputs,
     predict,
 )
@@ -219,6 +220,19 @@ def test_a_fed_gpu_has_nothing_to_gain_on_the_input_side() -> None:
     assert advice is not None and advice.kind == Kind.GPU_LIMIT and advice.no_gain
     assert advice.ceiling is None and not advice.candidates
     assert advice.line() == "nothing on the input side: the GPU is the limit"
+
+
+def test_a_gpu_healthy_only_by_hysteresis_is_not_called_the_limit() -> None:
+    """Healthy at 77% busy (it entered fed and has not dropped below 75%): it waits on something a
+    quarter of the time, so "the GPU is the limit" would be false; no input resource is saturated,
+    so there is nothing to scale: cannot predict, with what input for free could buy at most. From
+    the fed line on, nothing on the input side; and no ceiling series for a healthy GPU either way."""
+    band = healthy(0.77, 0.80, 12)
+    assert band.kind == Kind.CANNOT and not band.no_gain and band.ready and band.ceiling is None
+    assert "77% of the time" in band.line() and "at most 1.30x" in band.line(), band.line()
+    for duty in (0.80, 0.93, None):
+        assert healthy(duty, 0.80, 12).kind == Kind.GPU_LIMIT, duty
+    assert healthy(0.85, 0.90, 12).kind == Kind.CANNOT  # the configured fed line
 
 
 @pytest.mark.parametrize(
@@ -447,10 +461,12 @@ def test_a_straggler_that_moves_between_ranks_is_data_loading_one_that_stays_is_
 
 # -- the advisor: an episode's steady windows, its teardown, a straggler's peers -------------------
 
+from gpumon.analyze.trace_report import GpuReport  # noqa: E402
 from gpumon.detect.advisor import RECOMPUTE_S, Advisor  # noqa: E402
 from gpumon.detect.classify import Classification  # noqa: E402
 from gpumon.detect.evidence import Evidence  # noqa: E402
-from gpumon.detect.tracker import Verdict  # noqa: E402
+from gpumon.detect.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
+from gpumon.detect.tracker import Episode, Verdict  # noqa: E402
 
 from .test_detector import ev  # noqa: E402
 
@@ -499,6 +515,28 @@ def test_the_advisor_reads_an_episodes_steady_windows_not_its_onset_or_teardown(
     episodes = advisor.episodes(key)
     assert episodes[0.0] is not None and episodes[0.0].best is not None and episodes[0.0].best.workers == 4
     assert episodes[31.0] is not None and episodes[31.0].kind == Kind.GPU_LIMIT
+
+
+def test_a_healthy_episodes_advice_follows_its_steady_duty() -> None:
+    """The median duty of the episode's steady windows (not its first window's worth): a job fed at
+    95% then held healthy at 77% by the hysteresis reads "cannot predict" once most of its recent
+    windows are under the fed line, and a thresholds' fed line of 0.75 calls it fed."""
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    for t in range(0, 20):
+        advisor.feed([verdict(float(t), ev(duty_cycle=0.95), "healthy")])
+    fed_advice = advisor.current(key, 20.0)
+    assert fed_advice is not None and fed_advice.kind == Kind.GPU_LIMIT
+    for t in range(20, 60):
+        advisor.feed([verdict(float(t), ev(duty_cycle=0.77), "healthy")])
+    band = advisor.current(key, 60.0)
+    assert band is not None and band.kind == Kind.CANNOT and band.ceiling is None, band
+    assert band.windows == 52  # ticks 8 to 59: a window's worth after the episode's start
+    loose = Advisor(replace(DEFAULT_THRESHOLDS, fed_duty=0.75))
+    for t in range(0, 20):
+        loose.feed([verdict(float(t), ev(duty_cycle=0.77), "healthy")])
+    advice = loose.current(key, 20.0)
+    assert advice is not None and advice.kind == Kind.GPU_LIMIT
 
 
 def test_an_episode_is_advised_for_the_cause_it_is_named_for_not_its_teardowns() -> None:
@@ -596,7 +634,6 @@ def test_a_stragglers_peers_on_the_host_count_as_its_job() -> None:
 def test_the_advice_follows_new_windows_and_new_thresholds_not_the_clock_alone() -> None:
     """Worked out again (at most every RECOMPUTE_S) only when the episode's windows or the
     thresholds changed: the same advice otherwise, and a change shows at the next recompute."""
-    from gpumon.detect.thresholds import DEFAULT_THRESHOLDS
 
     advisor = Advisor()
     key = (0, "GPU-0")
@@ -617,3 +654,24 @@ def test_the_advice_follows_new_windows_and_new_thresholds_not_the_clock_alone()
     advisor.thresholds = replace(DEFAULT_THRESHOLDS, window_s=DEFAULT_THRESHOLDS.window_s * 10)
     again = advisor.current(key, 200.0 + 4 * RECOMPUTE_S)
     assert again is not None and again is not later
+
+
+def test_analyze_gives_a_never_starved_gpu_its_longest_healthy_episodes_advice() -> None:
+    """`gpumon analyze` (and benchmarks.advice) read a fed GPU's fix from its longest healthy
+    episode: a job healthy at 77% for most of the run is "cannot predict", not "the GPU is the
+    limit" because a short first episode was fed at 95%."""
+
+    def episode(start: float, end: float, state: State) -> Episode:
+        return Episode(0, "GPU-0", state, None, start, end, 0.0, None, None, "")
+
+    rep = GpuReport(0, "GPU-0", "GPU")
+    rep.seconds_by_label.update({"healthy": 80.0, "idle": 5.0})
+    rep.episodes = [
+        episode(0, 10, State.HEALTHY),
+        episode(10, 15, State.IDLE),
+        episode(15, 85, State.HEALTHY),
+    ]
+    rep.advice = {0.0: healthy(0.95, 0.80, 2), 10.0: None, 15.0: healthy(0.77, 0.80, 62)}
+    assert rep.fix is not None and rep.fix.kind == Kind.CANNOT, rep.fix
+    rep.advice[15.0] = healthy(0.88, 0.80, 62)
+    assert rep.fix is not None and rep.fix.kind == Kind.GPU_LIMIT

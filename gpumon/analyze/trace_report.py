@@ -122,11 +122,19 @@ class GpuReport:
     @property
     def fix(self) -> Advice | None:
         """What a fix buys for the GPU's worst starved episode; for a GPU that was only ever fed,
-        nothing on the input side."""
+        its longest healthy episode's: nothing on the input side, or "cannot predict" where it was
+        healthy under the fed line (remedies.healthy)."""
         starved = [e for e in self.episodes if e.state == "starved"]
         if starved:
             return self.advice_for(max(starved, key=lambda e: e.wasted_gpu_s))
-        return fed() if self.main_label == "healthy" else None
+        if self.main_label != "healthy":
+            return None
+        fed_episodes = [e for e in self.episodes if e.state == "healthy" and e.start_s in self.advice]
+        if not fed_episodes:
+            return fed()
+        # the analysis closes every episode at its end (a library caller's open one counts as none)
+        longest = max(fed_episodes, key=lambda e: (e.end_s if e.end_s is not None else e.start_s) - e.start_s)
+        return self.advice[longest.start_s] or fed()
 
     @property
     def observed_s(self) -> float:

@@ -4,11 +4,12 @@ tick; no clock, no I/O: time comes with the verdicts."""
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpumon.detect.remedies import Advice, RemedyInputs, median_inputs, predict
+from gpumon.detect.remedies import Advice, RemedyInputs, healthy, median_inputs, predict
 from gpumon.detect.stragglers import stragglers
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict, named_cause
@@ -35,6 +36,8 @@ class _Episode:
     )
     """Steady windows per cause: a cause that comes back (cpu, then host for a job's teardown, then
     cpu) finds its windows still there, and no cause's windows mix into another's median."""
+    duties: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
+    """A healthy episode's steady windows' duty cycles (remedies.healthy)."""
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause, counted as the detector counts them: the longest names the episode
     (Episode.cause), and so says which cause its advice is for."""
@@ -83,10 +86,17 @@ class Advisor:
             ep.last_t = v.t_s
             ep.cause_s[v.cause] = ep.cause_s.get(v.cause, 0.0) + dt
             # the episode's steady windows: its own label, and whole inside it (not its onset)
-            if v.state == State.STARVED and v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9:
+            steady = v.raw.label == v.label and v.t_s - window >= v.since_s - 1e-9
+            if v.state == State.STARVED and steady:
                 inputs = RemedyInputs.of(v.evidence, peers.get(key, 0.0))
                 if inputs is not None:
                     ep.windows[v.cause].append((v.t_s, inputs))
+                    ep.changes += 1
+            elif v.state == State.HEALTHY and steady:
+                ev = v.evidence
+                duty = ev.duty_since_change if ev.duty_since_change is not None else ev.duty_cycle
+                if duty is not None:
+                    ep.duties.append(duty)
                     ep.changes += 1
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
@@ -97,6 +107,9 @@ class Advisor:
         """The model for `cause` on the median of the episode's steady windows with that cause, less
         their last window's worth when enough are left (a job's teardown: its loaders gone while
         the GPU still reads starved)."""
+        if ep.state == State.HEALTHY:
+            duty = statistics.median(ep.duties) if ep.duties else None
+            return healthy(duty, self.thresholds.fed_duty, len(ep.duties))
         windows = list(ep.windows.get(cause, ()))
         if windows:
             settled = [i for t, i in windows if t <= windows[-1][0] - self.thresholds.window_s]

@@ -256,6 +256,23 @@ def fed() -> Advice:
     return Advice(Kind.GPU_LIMIT, why="the GPU computes nearly all the time")
 
 
+def healthy(duty: float | None, fed_duty: float, windows: int = 0) -> Advice:
+    """A healthy GPU's advice, from its steady windows' median duty: nothing on the input side,
+    except under the fed line, where the GPU is healthy only by the detector's hysteresis (it
+    entered fed and has not dropped below fed_duty - hysteresis). There it waits on something for
+    part of the time, but no input resource reads saturated (no cause), so the model has nothing to
+    scale: "cannot predict", with the most input for free could buy. No ceiling of its own: a
+    healthy GPU has no speed-up series (docs/metrics.md)."""
+    if duty is None or duty >= fed_duty:
+        return fed()
+    return cannot(
+        f"the GPU computes {duty:.0%} of the time, under the fed line ({fed_duty:.0%}): healthy by the "
+        f"detector's hysteresis, and no input resource reads saturated; input for free would buy at most "
+        f"{1.0 / max(duty, 1e-3):.2f}x",
+        windows=windows,
+    )
+
+
 def cannot(why: str, cause: Cause | None = None, ceiling: float | None = None, windows: int = 0) -> Advice:
     return Advice(Kind.CANNOT, cause=cause, ceiling=ceiling, why=why, windows=windows)
 
