@@ -1,0 +1,44 @@
+"""`gpumon bench`'s own clock: --duration counts from the first step, and the truth's windows start
+there. In a module of its own, not test_real_jobs.py: importing the bench imports Keras (~10 s), and
+that module, on one worker, is the suite's longest path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from .realjobs import require_bench, truth_windows
+
+
+@pytest.fixture(autouse=True)
+def bench_installed() -> None:
+    require_bench()
+
+
+def test_the_bench_trains_for_its_duration_from_its_first_step(tmp_path: Path) -> None:
+    """A start-up slowed by a loaded host (the first step builds the model, the loader's workers
+    start: 24 s in one fresh-machine run) must not eat the training that --duration asks for, and
+    the truth's first window starts at the first step, from which the tests judge the detector."""
+    from gpumon.bench.job import BenchOptions, StepTimer  # here: it imports Keras, once the extra is known
+
+    now = [1000.0]
+    truth = tmp_path / "truth.jsonl"
+    timer = StepTimer(BenchOptions(duration_s=10.0, truth=str(truth)), clock=lambda: now[0])
+    model = SimpleNamespace(stop_training=False)
+    timer.set_model(model)
+    now[0] += 30.0  # the start-up: longer than the whole duration
+    steps = 0
+    while not model.stop_training:
+        timer.on_train_batch_begin(steps)
+        now[0] += 0.25
+        timer.on_train_batch_end(steps)
+        steps += 1
+    timer.close()
+    assert steps == 40  # 10 s of 0.25 s steps, from the first
+    (first, second) = truth_windows(truth)
+    assert first["steps"] == 20 and second["steps"] == 20, (first, second)
+    length = float(first["end_unix_s"]) - float(first["start_unix_s"])  # type: ignore[arg-type]
+    assert abs(length - 5.0) < 0.01, first  # not 35 s: the start-up is in no window
+    assert first["steps_per_s"] == 4.0
