@@ -233,6 +233,8 @@ def test_a_gpu_healthy_only_by_hysteresis_is_not_called_the_limit() -> None:
     for duty in (0.80, 0.93, None):
         assert healthy(duty, 0.80, 12).kind == Kind.GPU_LIMIT, duty
     assert healthy(0.85, 0.90, 12).kind == Kind.CANNOT  # the configured fed line
+    # too few windows yet: fed, not a "cannot predict" that is not ready (a live reader's flicker)
+    assert healthy(0.77, 0.80, MIN_WINDOWS - 1).kind == Kind.GPU_LIMIT
 
 
 @pytest.mark.parametrize(
@@ -675,3 +677,16 @@ def test_analyze_gives_a_never_starved_gpu_its_longest_healthy_episodes_advice()
     assert rep.fix is not None and rep.fix.kind == Kind.CANNOT, rep.fix
     rep.advice[15.0] = healthy(0.88, 0.80, 62)
     assert rep.fix is not None and rep.fix.kind == Kind.GPU_LIMIT
+
+
+def test_a_range_keeps_the_advice_of_the_healthy_episode_under_way_at_its_start() -> None:
+    """`analyze --from`: the episode that began in the pre-roll starts at the range's start in the
+    report (its part before is cut), and keeps the advice the advisor gave it from its real start."""
+    rep = GpuReport(0, "GPU-0", "GPU")
+    rep.seconds_by_label.update({"healthy": 60.0})
+    rep.episodes = [Episode(0, "GPU-0", State.HEALTHY, None, 50.0, 110.0, 0.0, None, None, "")]
+    rep.advice = {12.0: healthy(0.77, 0.80, 60)}
+    assert rep.fix is not None and rep.fix.kind == Kind.CANNOT, rep.fix
+    idle = Episode(0, "GPU-0", State.IDLE, None, 50.0, 110.0, 0.0, None, None, "")
+    rep.episodes = [idle]
+    assert rep.advice_for(idle) is None  # an idle episode borrows no one's advice

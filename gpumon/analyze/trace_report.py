@@ -117,7 +117,9 @@ class GpuReport:
         if e.start_s in self.advice:
             return self.advice[e.start_s]
         earlier = [t for t in self.advice if t <= e.start_s]
-        return self.advice[max(earlier)] if earlier and e.state == "starved" else None
+        # a range's first episode starts at the range (the pre-roll's part cut): its advice is the
+        # one the advisor began before; only starved and healthy episodes have advice
+        return self.advice[max(earlier)] if earlier and e.state in ("starved", "healthy") else None
 
     @property
     def fix(self) -> Advice | None:
@@ -129,12 +131,12 @@ class GpuReport:
             return self.advice_for(max(starved, key=lambda e: e.wasted_gpu_s))
         if self.main_label != "healthy":
             return None
-        fed_episodes = [e for e in self.episodes if e.state == "healthy" and e.start_s in self.advice]
+        fed_episodes = [e for e in self.episodes if e.state == "healthy"]
         if not fed_episodes:
             return fed()
         # the analysis closes every episode at its end (a library caller's open one counts as none)
         longest = max(fed_episodes, key=lambda e: (e.end_s if e.end_s is not None else e.start_s) - e.start_s)
-        return self.advice[longest.start_s] or fed()
+        return self.advice_for(longest) or fed()
 
     @property
     def observed_s(self) -> float:
