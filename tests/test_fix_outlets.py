@@ -14,7 +14,9 @@ from gpumon.analyze.trace_report import analyze, render_text, to_json
 from gpumon.detect.remedies import Advice, Candidate, Kind, Limit, cannot
 from gpumon.detect.vocabulary import Cause
 from gpumon.integrations import Watch
+from gpumon.serve.metrics import families
 from gpumon.serve.snapshot import to_state_json
+from gpumon.serve.textformat import render_text as render_exposition
 
 from .conftest import gpumon
 from .test_integrations import Stub, gpu, stub  # noqa: F401  (the stub daemon fixture)
@@ -88,6 +90,15 @@ def test_the_state_api_and_metrics_show_it_for_starved_gpus_only() -> None:
     assert len(series) == 3 and all('gpu="0"' in ln for ln in series), series  # at most 3, starved GPUs only
     ceilings = [ln for ln in text.splitlines() if ln.startswith("gpumon_gpu_input_speedup_ceiling{")]
     assert [('gpu="0"' in ln, 'gpu="2"' in ln) for ln in ceilings] == [(True, False), (False, True)], ceilings
+    # a healthy GPU's advice, even a predicted one (a loader holding it under the fed line), has no
+    # series: the speed-up series are a starved GPU's (docs/metrics.md)
+    snap = d.snapshot
+    key0, key1 = ((g.index, g.uuid) for g in snap.tick.gpus[:2])
+    assert snap.verdict_for(*key1) is not None and snap.verdict_for(*key1).state == "healthy"  # type: ignore[union-attr]
+    given = snap._replace(advice={**snap.advice, key1: snap.advice[key0]})
+    text = render_exposition(families(given, 0.0)).decode()
+    ceilings = [ln for ln in text.splitlines() if ln.startswith("gpumon_gpu_input_speedup_ceiling{")]
+    assert not any('gpu="1"' in ln for ln in ceilings) and any('gpu="0"' in ln for ln in ceilings), ceilings
 
 
 def advice_dict(ready: bool) -> dict[str, object]:

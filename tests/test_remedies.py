@@ -690,3 +690,26 @@ def test_a_range_keeps_the_advice_of_the_healthy_episode_under_way_at_its_start(
     idle = Episode(0, "GPU-0", State.IDLE, None, 50.0, 110.0, 0.0, None, None, "")
     rep.episodes = [idle]
     assert rep.advice_for(idle) is None  # an idle episode borrows no one's advice
+
+
+def test_a_loader_that_holds_a_gpu_healthy_under_the_fed_line_is_advised_for_its_cause() -> None:
+    """Held healthy by the hysteresis at 77%, with a loader worker pinned: had the GPU been starved
+    the classifier would name cpu, so the model for cpu gives the number (one worker more reaches
+    the ceiling, 1/0.77), not "cannot predict". The state stays healthy: no alarm, only advice."""
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    held = STARVED_EV._replace(duty_cycle=0.77)
+    for t in range(0, 30):
+        advisor.feed([verdict(float(t), held, "healthy")])
+    advice = advisor.current(key, 30.0)
+    assert advice is not None and advice.kind == Kind.PREDICTED and advice.cause == Cause.CPU, advice
+    assert advice.candidates[0].workers == 2 and advice.candidates[0].speedup == pytest.approx(
+        1 / 0.77, rel=1e-3
+    )
+    assert advice.windows == 22 and advice.ready
+    # above the fed line, the same loader is fed: the GPU is the limit
+    fed_advisor = Advisor()
+    for t in range(0, 30):
+        fed_advisor.feed([verdict(float(t), STARVED_EV._replace(duty_cycle=0.86), "healthy")])
+    fed_advice = fed_advisor.current(key, 30.0)
+    assert fed_advice is not None and fed_advice.kind == Kind.GPU_LIMIT

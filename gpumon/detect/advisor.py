@@ -9,7 +9,8 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpumon.detect.remedies import Advice, RemedyInputs, healthy, median_inputs, predict
+from gpumon.detect.classify import classify
+from gpumon.detect.remedies import MIN_WINDOWS, Advice, RemedyInputs, healthy, median_inputs, predict
 from gpumon.detect.stragglers import stragglers
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import MAX_EPISODES_KEPT, Verdict, named_cause
@@ -98,6 +99,18 @@ class Advisor:
                 if duty is not None:
                     ep.duties.append(duty)
                     ep.changes += 1
+                    if duty < self.thresholds.fed_duty:
+                        self._held(ep, v, peers.get(key, 0.0))
+
+    def _held(self, ep: _Episode, v: Verdict, peer_cores: float) -> None:
+        """A healthy window under the fed line (held healthy by the hysteresis): the cause the
+        classifier would name had the GPU been starved, and the window's inputs under it, when
+        that cause is one the model scales (cpu, io)."""
+        raw = classify(v.evidence, self.thresholds, State.STARVED)
+        if raw.state == State.STARVED and raw.cause in (Cause.CPU, Cause.IO):
+            inputs = RemedyInputs.of(v.evidence, peer_cores)
+            if inputs is not None:
+                ep.windows[raw.cause].append((v.t_s, inputs))
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
         kept = self._closed.setdefault(key, deque(maxlen=self._episodes_kept))
@@ -108,8 +121,7 @@ class Advisor:
         their last window's worth when enough are left (a job's teardown: its loaders gone while
         the GPU still reads starved)."""
         if ep.state == State.HEALTHY:
-            duty = statistics.median(ep.duties) if ep.duties else None
-            return healthy(duty, self.thresholds.fed_duty, len(ep.duties))
+            return self._advise_healthy(ep)
         windows = list(ep.windows.get(cause, ()))
         if windows:
             settled = [i for t, i in windows if t <= windows[-1][0] - self.thresholds.window_s]
@@ -117,6 +129,26 @@ class Advisor:
             saturated = self.thresholds.pinned_core
             return predict(ep.state, cause, median_inputs(chosen), len(chosen), saturated)
         return predict(ep.state, cause, None, 0)
+
+    def _advise_healthy(self, ep: _Episode) -> Advice:
+        """Fed, unless the episode's steady windows sit under the fed line (remedies.healthy); then,
+        where most of those windows read a cause the model scales had the GPU been starved, the
+        model for that cause on their median (a loader that holds the GPU at 77% gains from what
+        gains a starved one), else "cannot predict"."""
+        n = len(ep.duties)
+        duty = statistics.median(ep.duties) if n else None
+        fed_line = self.thresholds.fed_duty
+        if duty is not None and duty < fed_line and n >= MIN_WINDOWS:
+            under = sum(1 for d in ep.duties if d < fed_line)
+            scaled = [(c, w) for c, w in ep.windows.items() if c in (Cause.CPU, Cause.IO)]
+            if scaled:
+                cause, windows = max(scaled, key=lambda cw: len(cw[1]))
+                if 2 * len(windows) > under and len(windows) >= MIN_WINDOWS:
+                    inputs = median_inputs([i for _, i in windows])
+                    advice = predict(State.STARVED, cause, inputs, len(windows), self.thresholds.pinned_core)
+                    if advice is not None:
+                        return advice
+        return healthy(duty, fed_line, n)
 
     def current(self, key: GpuKey, t_s: float | None = None) -> Advice | None:
         """The advice for the GPU's episode now, for its cause now (the live verdict's): worked out

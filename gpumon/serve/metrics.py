@@ -179,7 +179,9 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
     for g in s.tick.gpus:
         lv = [str(g.index), g.uuid, "" if g.mig is None else str(g.mig)]
         info.add_metric([*lv, g.name], 1)
-        _advice_metrics(s.advice.get((g.index, g.uuid)), lv, ceiling, predicted)
+        v = s.verdict_for(g.index, g.uuid)
+        if v is not None and v.state == State.STARVED:  # a healthy GPU's advice has no series
+            _advice_metrics(s.advice.get((g.index, g.uuid)), lv, ceiling, predicted)
         for j in g.jobs:
             jobs.add_metric([*lv, *job_label_values(j)], 1)
         if g.unattributed is not None:
@@ -209,7 +211,6 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
         if g.last_xid is not None:
             last_xid.add_metric(lv, g.last_xid[0])
             last_xid_t.add_metric(lv, round(g.last_xid[1], 3))
-        v = s.verdict_for(g.index, g.uuid)
         if v is not None:
             ev = v.evidence
             for fam, value in (
