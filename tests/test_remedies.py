@@ -228,8 +228,10 @@ def test_a_gpu_healthy_only_by_hysteresis_is_not_called_the_limit() -> None:
     so there is nothing to scale: cannot predict, with what input for free could buy at most. From
     the fed line on, nothing on the input side; and no ceiling series for a healthy GPU either way."""
     band = healthy(0.77, 0.80, 12)
-    assert band.kind == Kind.CANNOT and not band.no_gain and band.ready and band.ceiling is None
-    assert "77% of the time" in band.line() and "at most 1.30x" in band.line(), band.line()
+    assert band.kind == Kind.CANNOT and not band.no_gain and band.ready
+    assert band.ceiling == pytest.approx(1 / 0.77)
+    assert band.line().startswith("cannot predict what a fix buys (at most 1.3x with input for free): ")
+    assert "77% of the time" in band.line(), band.line()
     for duty in (0.80, 0.93, None):
         assert healthy(duty, 0.80, 12).kind == Kind.GPU_LIMIT, duty
     assert healthy(0.85, 0.90, 12).kind == Kind.CANNOT  # the configured fed line
@@ -465,7 +467,7 @@ def test_a_straggler_that_moves_between_ranks_is_data_loading_one_that_stays_is_
 
 from gpumon.analyze.trace_report import GpuReport  # noqa: E402
 from gpumon.detect.advisor import RECOMPUTE_S, Advisor  # noqa: E402
-from gpumon.detect.classify import Classification  # noqa: E402
+from gpumon.detect.classify import Classification, classify  # noqa: E402
 from gpumon.detect.evidence import Evidence  # noqa: E402
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
 from gpumon.detect.tracker import Episode, Verdict  # noqa: E402
@@ -532,7 +534,7 @@ def test_a_healthy_episodes_advice_follows_its_steady_duty() -> None:
     for t in range(20, 60):
         advisor.feed([verdict(float(t), ev(duty_cycle=0.77), "healthy")])
     band = advisor.current(key, 60.0)
-    assert band is not None and band.kind == Kind.CANNOT and band.ceiling is None, band
+    assert band is not None and band.kind == Kind.CANNOT, band
     assert band.windows == 52  # ticks 8 to 59: a window's worth after the episode's start
     loose = Advisor(replace(DEFAULT_THRESHOLDS, fed_duty=0.75))
     for t in range(0, 20):
@@ -713,3 +715,60 @@ def test_a_loader_that_holds_a_gpu_healthy_under_the_fed_line_is_advised_for_its
         fed_advisor.feed([verdict(float(t), STARVED_EV._replace(duty_cycle=0.86), "healthy")])
     fed_advice = fed_advisor.current(key, 30.0)
     assert fed_advice is not None and fed_advice.kind == Kind.GPU_LIMIT
+
+
+def test_a_healthy_gpus_advice_is_of_its_newest_minute_not_a_band_long_ago() -> None:
+    """A loader held the GPU at 77% for a minute, then it was fed at 90% for half an hour, then it
+    dips to 78% with nothing to scale: the advice is of the dip (cannot predict), not of the loader
+    half an hour ago."""
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    t = 0
+    for duty, evidence, seconds in (
+        (0.77, STARVED_EV._replace(duty_cycle=0.77), 70),
+        (0.90, ev(duty_cycle=0.90), 1800),
+        (0.78, ev(duty_cycle=0.78), 35),
+    ):
+        for _ in range(seconds):
+            advisor.feed([verdict(float(t), evidence, "healthy")])
+            t += 1
+        assert evidence.duty_cycle == duty
+    advice = advisor.current(key, float(t))
+    assert advice is not None and advice.kind == Kind.CANNOT and advice.cause is None, advice
+
+
+def test_a_held_gpus_pause_is_not_read_as_a_cpu_bound_loader() -> None:
+    """As if not fed, the window is classified with underutilized as the held state: a checkpoint
+    pause (the training process busy, the GPU idle in the window's newest part) still reads as a
+    pause, not as starved-cpu."""
+    pause = STARVED_EV._replace(
+        duty_cycle=0.77, recent_duty=0.0, main_cpu_cores=1.0, job_cpu_cores=1.0, busiest_child_cpu_cores=0.0
+    )
+    assert classify(pause, DEFAULT_THRESHOLDS, State.HEALTHY).state == State.HEALTHY  # the daemon's verdict
+    advisor = Advisor()
+    for t in range(0, 30):
+        advisor.feed([verdict(float(t), pause, "healthy")])
+    advice = advisor.current((0, "GPU-0"), 30.0)
+    assert advice is not None and advice.kind != Kind.PREDICTED and advice.cause is None, advice
+
+
+def test_a_held_gpus_advice_is_worked_out_at_most_every_few_seconds() -> None:
+    """The live advice of a healthy GPU whose windows read cpu is worked out again at most every
+    RECOMPUTE_S (its cause differs from the verdict's, which has none: that is no change of cause)."""
+    advisor = Advisor()
+    key = (0, "GPU-0")
+    calls = 0
+    inner = advisor._advise_healthy
+
+    def counted(ep: object) -> Advice:
+        nonlocal calls
+        calls += 1
+        return inner(ep)  # type: ignore[arg-type]
+
+    advisor._advise_healthy = counted  # type: ignore[method-assign]
+    held = STARVED_EV._replace(duty_cycle=0.77)
+    for t in range(0, 120):
+        advisor.feed([verdict(float(t), held, "healthy")])
+        advice = advisor.current(key, float(t))
+    assert advice is not None and advice.kind == Kind.PREDICTED
+    assert calls <= 120 / RECOMPUTE_S + 2, calls

@@ -8,6 +8,7 @@ import statistics
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpumon.detect.classify import classify
 from gpumon.detect.remedies import MIN_WINDOWS, Advice, RemedyInputs, healthy, median_inputs, predict
@@ -26,6 +27,17 @@ GPU's advice costs a few hundred microseconds)."""
 GpuKey = tuple[int, str]
 
 
+class HeldWindow(NamedTuple):
+    """A healthy episode's steady window."""
+
+    t_s: float
+    duty: float
+    cause: Cause | None
+    """Under the fed line, the cause the window reads as if the GPU were not fed, where the model
+    scales it (cpu, io); None otherwise."""
+    inputs: RemedyInputs | None
+
+
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Episode:
     start_s: float
@@ -37,8 +49,12 @@ class _Episode:
     )
     """Steady windows per cause: a cause that comes back (cpu, then host for a job's teardown, then
     cpu) finds its windows still there, and no cause's windows mix into another's median."""
-    duties: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
-    """A healthy episode's steady windows' duty cycles (remedies.healthy)."""
+    held: deque[HeldWindow] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOWS))
+    """A healthy episode's newest steady windows: their duty, and under the fed line the cause they
+    read as if the GPU were not fed (and their inputs), one record each so that every count and
+    median is over the same newest minute (remedies.healthy, Advisor._advise_healthy)."""
+    held_by: Thresholds | None = None
+    """The thresholds `held` was classified by: a reload starts it afresh."""
     cause_s: dict[Cause | None, float] = field(default_factory=dict)
     """Seconds with each cause, counted as the detector counts them: the longest names the episode
     (Episode.cause), and so says which cause its advice is for."""
@@ -47,8 +63,8 @@ class _Episode:
     advised_t_s: float = -float("inf")
     changes: int = 0
     """Bumped when any cause's windows (or the cause) change: the advice is a function of them."""
-    advised: tuple[int, Thresholds] | None = None
-    """(changes, thresholds) when `advice` was worked out."""
+    advised: tuple[int, Thresholds, Cause | None] | None = None
+    """(changes, thresholds, the cause now) when `advice` was worked out."""
 
     @property
     def label_cause(self) -> Cause | None:
@@ -97,20 +113,24 @@ class Advisor:
                 ev = v.evidence
                 duty = ev.duty_since_change if ev.duty_since_change is not None else ev.duty_cycle
                 if duty is not None:
-                    ep.duties.append(duty)
+                    if ep.held_by is not self.thresholds:
+                        ep.held.clear()
+                        ep.held_by = self.thresholds
+                    ep.held.append(self._held(v, duty, peers.get(key, 0.0)))
                     ep.changes += 1
-                    if duty < self.thresholds.fed_duty:
-                        self._held(ep, v, peers.get(key, 0.0))
 
-    def _held(self, ep: _Episode, v: Verdict, peer_cores: float) -> None:
-        """A healthy window under the fed line (held healthy by the hysteresis): the cause the
-        classifier would name had the GPU been starved, and the window's inputs under it, when
-        that cause is one the model scales (cpu, io)."""
-        raw = classify(v.evidence, self.thresholds, State.STARVED)
-        if raw.state == State.STARVED and raw.cause in (Cause.CPU, Cause.IO):
-            inputs = RemedyInputs.of(v.evidence, peer_cores)
-            if inputs is not None:
-                ep.windows[raw.cause].append((v.t_s, inputs))
+    def _held(self, v: Verdict, duty: float, peer_cores: float) -> HeldWindow:
+        """A healthy steady window; under the fed line (held healthy by the hysteresis), the cause
+        the classifier names with `underutilized` as the state it holds: its fed line is then
+        fed_duty + hysteresis, as a starved GPU's, and a pause (a checkpoint) still reads as one.
+        Kept where the model scales it (cpu, io), with the window's inputs."""
+        if duty < self.thresholds.fed_duty:
+            raw = classify(v.evidence, self.thresholds, State.UNDERUTILIZED)
+            if raw.state == State.STARVED and raw.cause in (Cause.CPU, Cause.IO):
+                inputs = RemedyInputs.of(v.evidence, peer_cores)
+                if inputs is not None:
+                    return HeldWindow(v.t_s, duty, raw.cause, inputs)
+        return HeldWindow(v.t_s, duty, None, None)
 
     def _close(self, key: GpuKey, ep: _Episode) -> None:
         kept = self._closed.setdefault(key, deque(maxlen=self._episodes_kept))
@@ -131,20 +151,25 @@ class Advisor:
         return predict(ep.state, cause, None, 0)
 
     def _advise_healthy(self, ep: _Episode) -> Advice:
-        """Fed, unless the episode's steady windows sit under the fed line (remedies.healthy); then,
-        where most of those windows read a cause the model scales had the GPU been starved, the
-        model for that cause on their median (a loader that holds the GPU at 77% gains from what
-        gains a starved one), else "cannot predict"."""
-        n = len(ep.duties)
-        duty = statistics.median(ep.duties) if n else None
+        """Fed, unless the episode's newest steady windows sit under the fed line (remedies.healthy);
+        then, where most of those under it read a cause the model scales as if the GPU were not
+        fed, the model for that cause on their median (a loader that holds the GPU at 77% gains
+        from what gains a starved one), else "cannot predict". All over the same newest minute."""
+        held = list(ep.held)
+        n = len(held)
+        duty = statistics.median(w.duty for w in held) if n else None
         fed_line = self.thresholds.fed_duty
         if duty is not None and duty < fed_line and n >= MIN_WINDOWS:
-            under = sum(1 for d in ep.duties if d < fed_line)
-            scaled = [(c, w) for c, w in ep.windows.items() if c in (Cause.CPU, Cause.IO)]
-            if scaled:
-                cause, windows = max(scaled, key=lambda cw: len(cw[1]))
+            under = sum(1 for w in held if w.duty < fed_line)
+            by_cause: dict[Cause, list[HeldWindow]] = {}
+            for w in held:
+                if w.cause is not None:
+                    by_cause.setdefault(w.cause, []).append(w)
+            if by_cause:
+                # the most windows; on a tie, the cause read last
+                cause, windows = max(by_cause.items(), key=lambda cw: (len(cw[1]), cw[1][-1].t_s))
                 if 2 * len(windows) > under and len(windows) >= MIN_WINDOWS:
-                    inputs = median_inputs([i for _, i in windows])
+                    inputs = median_inputs([w.inputs for w in windows if w.inputs is not None])
                     advice = predict(State.STARVED, cause, inputs, len(windows), self.thresholds.pinned_core)
                     if advice is not None:
                         return advice
@@ -158,9 +183,11 @@ class Advisor:
             return None
         # at most every RECOMPUTE_S, and only when a window came (or went) since: an episode with
         # no steady windows (any state but starved) is worked out once
-        cause_changed = ep.advice is not None and ep.advice.cause != ep.cause
+        # the cause the advice was worked out for, not its own (a healthy GPU's names the cause its
+        # windows read as if not fed, while the verdict has none)
+        cause_changed = ep.advised is not None and ep.advised[2] != ep.cause
         if t_s is None or t_s - ep.advised_t_s >= RECOMPUTE_S or cause_changed:
-            basis = (ep.changes, self.thresholds)
+            basis = (ep.changes, self.thresholds, ep.cause)
             if ep.advised != basis:
                 ep.advice = self._advise(ep, ep.cause)
                 ep.advised = basis

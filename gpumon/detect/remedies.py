@@ -260,17 +260,16 @@ def healthy(duty: float | None, fed_duty: float, windows: int = 0) -> Advice:
     """A healthy GPU's advice, from its steady windows' median duty (`windows` of them): nothing on
     the input side, except under the fed line once MIN_WINDOWS are in, where the GPU is healthy
     only by the detector's hysteresis (it entered fed and has not dropped below fed_duty -
-    hysteresis). It then waits for part of the time, but the detector names no cause while it
-    reads healthy, so the model has nothing to scale: "cannot predict", with the most input for
-    free could buy in the reason. No `ceiling`: a healthy GPU has no speed-up series
-    (docs/metrics.md). Until MIN_WINDOWS, fed: a live reader never sees "cannot predict" that is
-    not yet ready on a healthy GPU."""
+    hysteresis). It then waits for part of the time; where its windows read no cause the model
+    scales (the advisor looks), there is nothing to scale: "cannot predict", with its ceiling (a
+    healthy GPU has no speed-up series on /metrics all the same). Until MIN_WINDOWS, fed: a live
+    reader never sees a "cannot predict" that is not yet ready on a healthy GPU."""
     if duty is None or duty >= fed_duty or windows < MIN_WINDOWS:
         return fed()
     return cannot(
         f"the GPU computes {duty:.0%} of the time, under the fed line ({fed_duty:.0%}): healthy by the "
-        f"detector's hysteresis, which names no cause to scale; input for free would buy at most "
-        f"{1.0 / max(duty, 1e-3):.2f}x",
+        "detector's hysteresis, and its windows read no cause the model scales",
+        ceiling=1.0 / max(duty, 1e-3),
         windows=windows,
     )
 
