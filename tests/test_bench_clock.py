@@ -42,3 +42,38 @@ def test_the_bench_trains_for_its_duration_from_its_first_step(tmp_path: Path) -
     length = float(first["end_unix_s"]) - float(first["start_unix_s"])  # type: ignore[arg-type]
     assert abs(length - 5.0) < 0.01, first  # not 35 s: the start-up is in no window
     assert first["steps_per_s"] == 4.0
+
+
+def test_the_bench_switches_to_starved_after_its_fed_part_from_its_first_step(tmp_path: Path) -> None:
+    """--starve-after counts from the first step too (a slow start-up ate the fed part, and the tests
+    that judge it found none), and the moment reaches the loader's workers through shared memory
+    (they were forked before the first step)."""
+    import multiprocessing
+
+    from gpumon.bench.job import BenchOptions, StepTimer  # here: it imports Keras
+
+    now = [1000.0]
+    shared = multiprocessing.RawValue("d", float("inf"))
+    drive, truth = tmp_path / "drive", tmp_path / "truth.jsonl"
+    opts = BenchOptions(
+        pipeline="starved-cpu", duration_s=12.0, starve_after_s=6.0, drive=str(drive), truth=str(truth)
+    )
+    timer = StepTimer(opts, shared, clock=lambda: now[0])
+    model = SimpleNamespace(stop_training=False)
+    timer.set_model(model)
+    now[0] += 20.0  # a start-up longer than the fed part
+    steps = 0
+    while not model.stop_training:
+        timer.on_train_batch_begin(steps)
+        if steps == 0:
+            assert shared.value == now[0] + 6.0  # the workers switch 6 s after the first step
+        now[0] += 0.5
+        timer.on_train_batch_end(steps)
+        steps += 1
+    timer.close()
+    switch = [ln for ln in drive.read_text().splitlines() if ln.startswith("# switch")]
+    assert switch == ["# switch 1026.000000"], switch
+    windows = truth_windows(truth)
+    # fed 5 s, fed up to the switch (1 s), starved 5 s; the last second's window is not closed
+    assert [w["pipeline"] for w in windows] == ["fed", "fed", "starved-cpu"], windows
+    assert windows[1]["steps"] == 2 and windows[2]["steps"] == 10, windows

@@ -14,7 +14,8 @@ Every pipeline runs in --workers processes (default: 2 for fed and jpeg, 1 for t
 --duration counts from the first step: a start-up slowed by a busy host (the model built, the loader's
   workers started) does not shorten the training.
 --cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
---starve-after S makes the change inside one run: the job trains fed for S seconds, then the same
+--starve-after S makes the change inside one run: the job trains fed for S seconds (from its first
+  step, as --duration), then the same
   job's loader switches to --pipeline (with the same worker processes) and the --cpu-hogs start;
   the drive file marks the moment ("# switch T"), the truth windows break there.
 A callback measures, per step, the time waiting for input (from the end of a step to the start
@@ -34,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import signal
@@ -43,6 +45,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -219,14 +222,16 @@ class JpegData(FedData):
 
 class SwitchingData(FedData):
     """Fed until a moment (CLOCK_MONOTONIC, the same in the loader's worker processes), then the
-    starved pipeline's batches: one job whose input changes under it."""
+    starved pipeline's batches: one job whose input changes under it. The moment is set at the
+    first step (StepTimer), after Keras has forked the workers: it lives in shared memory."""
 
-    def __init__(self, fed: FedData, starved: FedData, switch_at: float, **kw: object) -> None:
+    def __init__(self, fed: FedData, starved: FedData, **kw: object) -> None:
         super().__init__(fed.batch_size, fed.batches, **kw)
-        self.fed, self.starved, self.switch_at = fed, starved, switch_at
+        self.fed, self.starved = fed, starved
+        self.switch_at = multiprocessing.RawValue("d", math.inf)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return (self.starved if time.monotonic() >= self.switch_at else self.fed)[i]
+        return (self.starved if time.monotonic() >= self.switch_at.value else self.fed)[i]
 
 
 class Progress(keras.callbacks.Callback):
@@ -262,15 +267,18 @@ class StepTimer(keras.callbacks.Callback):
     """Per step: input wait (end of the previous step to the start of this one) and compute."""
 
     def __init__(
-        self, opts: BenchOptions, switch_at: float | None = None, clock: Callable[[], float] = time.monotonic
+        self, opts: BenchOptions, shared_switch: Any = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         super().__init__()
-        self.opts, self.switch_at, self.clock = opts, switch_at, clock
+        self.opts, self.shared_switch, self.clock = opts, shared_switch, clock
         self.stop_at = math.inf
         """--duration from the first step's start (set then): a start-up slowed by a loaded host
         (the first step builds the model, the loader's workers start) does not eat the training."""
+        self.switch_at: float | None = None
+        """--starve-after from the first step's start too (set then, and in `shared_switch`, the
+        loader workers' SwitchingData.switch_at): the fed part is not eaten either."""
         self.hogs: list[int] = []
-        self.pipeline = "fed" if switch_at is not None else opts.pipeline
+        self.pipeline = "fed" if opts.starve_after_s is not None else opts.pipeline
         """The pipeline feeding the job now (truth windows name it)."""
         self.prev_end: float | None = None
         self.begin = 0.0
@@ -288,6 +296,10 @@ class StepTimer(keras.callbacks.Callback):
         if self.stop_at == math.inf:  # the first step: training (and the first truth window) starts
             self.stop_at = self.begin + self.opts.duration_s
             self.window_start = self.begin
+            if self.opts.starve_after_s is not None:
+                self.switch_at = self.begin + self.opts.starve_after_s
+                if self.shared_switch is not None:
+                    self.shared_switch.value = self.switch_at
         if self._drive:  # busy from now: a driver sample read before the step ends counts it
             self._drive.write(f"{self.begin:.6f} -\n")
             self._drive.flush()
@@ -484,7 +496,6 @@ def run(opts: BenchOptions) -> dict[str, float]:
         data = switching = SwitchingData(
             FedData(batch, batches),
             data,
-            math.inf,  # set when training starts
             workers=data.workers,
             use_multiprocessing=data.use_multiprocessing,
             max_queue_size=data.max_queue_size,
@@ -502,10 +513,7 @@ def run(opts: BenchOptions) -> dict[str, float]:
         time.sleep(opts.start_delay_s)
     hogs = _start_hogs(opts.cpu_hogs) if switching is None else []  # else at the switch
     start = time.monotonic()
-    switch_at = None
-    if switching is not None and opts.starve_after_s is not None:
-        switch_at = switching.switch_at = start + opts.starve_after_s
-    timer = StepTimer(opts, switch_at)
+    timer = StepTimer(opts, switching.switch_at if switching is not None else None)
     epochs = 1 if batches >= 10_000 else max(1, math.ceil(opts.duration_s * 100 / batches))
     callbacks: list[keras.callbacks.Callback] = [timer]
     if opts.verbose:

@@ -45,8 +45,8 @@ def add_parser(
         "--starve-after",
         type=float,
         metavar="SECONDS",
-        help="train fed for SECONDS, then switch this same job to --pipeline (and start --cpu-hogs "
-        "then): a change inside one run, as when a neighbour's job takes the CPUs",
+        help="train fed for SECONDS from the first step, then switch this same job to --pipeline (and "
+        "start --cpu-hogs then): a change inside one run, as when a neighbour's job takes the CPUs",
     )
     s.add_argument(
         "--start-delay",
