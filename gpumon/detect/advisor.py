@@ -182,7 +182,7 @@ class Advisor:
         if ep is None:
             return None
         # at most every RECOMPUTE_S, and only when a window came (or went) since: an episode with
-        # no steady windows (any state but starved) is worked out once
+        # no steady windows (any state but starved or healthy) is worked out once
         # the cause the advice was worked out for, not its own (a healthy GPU's names the cause its
         # windows read as if not fed, while the verdict has none)
         cause_changed = ep.advised is not None and ep.advised[2] != ep.cause
