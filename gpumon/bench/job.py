@@ -15,9 +15,9 @@ Every pipeline runs in --workers processes (default: 2 for fed and jpeg, 1 for t
   workers started) does not shorten the training.
 --cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
 --starve-after S makes the change inside one run: the job trains fed for S seconds (from its first
-  step, as --duration), then the same
-  job's loader switches to --pipeline (with the same worker processes) and the --cpu-hogs start;
-  the drive file marks the moment ("# switch T"), the truth windows break there.
+  step, as --duration), then the same job's loader switches to --pipeline (with the same worker
+  processes) and the --cpu-hogs start; the drive file marks the moment ("# switch T"), the truth
+  windows break there.
 A callback measures, per step, the time waiting for input (from the end of a step to the start
 of the next) and the time computing (the step itself), and writes:
   --truth FILE  a labeled timeline: per window, the input-bound share of step time, banded as
@@ -32,6 +32,7 @@ from the template (single-device) copy.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import math
@@ -45,7 +46,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -267,7 +267,10 @@ class StepTimer(keras.callbacks.Callback):
     """Per step: input wait (end of the previous step to the start of this one) and compute."""
 
     def __init__(
-        self, opts: BenchOptions, shared_switch: Any = None, clock: Callable[[], float] = time.monotonic
+        self,
+        opts: BenchOptions,
+        shared_switch: ctypes.c_double | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.opts, self.shared_switch, self.clock = opts, shared_switch, clock
@@ -312,8 +315,7 @@ class StepTimer(keras.callbacks.Callback):
         self.switch_at = None
         if self.window:
             self._close_window(at)
-        # the switch may fall in the start-up, before the first step (which then opens the window)
-        self.window_start, self.pipeline = max(at, self.window_start), self.opts.pipeline
+        self.window_start, self.pipeline = at, self.opts.pipeline
         if self._drive:
             self._drive.write(f"# switch {at:.6f}\n")
             self._drive.flush()

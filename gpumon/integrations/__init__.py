@@ -108,9 +108,8 @@ FRAMEWORKS = tuple(KNOBS)
 
 def fix_line(advice: Any, framework: str | None) -> str | None:
     """What a fix buys, from the state API's `advice` (docs/detector.md), in the framework's words;
-    None while the daemon is still gathering the episode's windows, or for a fed GPU whose GPU is
-    the limit (a GPU healthy only by the hysteresis has a "cannot predict" line; Watch asks only for
-    starved GPUs)."""
+    None while the daemon is still gathering the episode's windows, or where the GPU is the limit
+    (a GPU healthy only by the hysteresis may have a line; Watch asks only of starved GPUs)."""
     if not isinstance(advice, dict) or not advice.get("ready") or advice.get("kind") == "gpu-limit":
         return None
     line = advice.get("line")
