@@ -14,6 +14,10 @@ second (the median of the job's own 5 s truth windows, less the first) are compa
 - the recommended change: its measured steps per second against today's (never slower is the goal);
   it is run too where it is not one of the matrix's runs, up to --max-workers workers.
 
+--gpu-step-ms MS runs every job with a simulated GPU step of MS ms (a sleep) instead of the model's
+arithmetic on the host's CPUs, which a real GPU leaves to the loader (and whose speed moves with the
+host's from run to run): the input side alone decides what a change buys.
+
 Setups: starved-cpu, jpeg and starved-io with 1, 2 and 3 loader workers, with and without two CPU
 hogs (CPU-bound neighbours, each in a session of its own: other users' jobs), and one straggling
 rank of `--gpus 2`. A run of each worker count is shared by the setup it is the change of and the
@@ -62,8 +66,10 @@ class Setup:
     def with_workers(self, n: int) -> Setup:
         return Setup(self.pipeline, n, self.hogs, self.ranks)
 
-    def bench_args(self, duration_s: float) -> list[str]:
+    def bench_args(self, duration_s: float, gpu_step_ms: float | None = None) -> list[str]:
         args = ["--workers", str(self.workers), "--cpu-hogs", str(self.hogs), "--duration", f"{duration_s:g}"]
+        if gpu_step_ms is not None:
+            args += ["--gpu-step-ms", f"{gpu_step_ms:g}"]
         if self.ranks > 1:
             return ["--gpus", str(self.ranks), "--straggler", f"{STRAGGLER}:{self.pipeline}", *args]
         return ["--pipeline", self.pipeline, *args]
@@ -94,7 +100,9 @@ class NotRecorded(Exception):
     """--offline, and a run that is not in --dir."""
 
 
-def run_once(folder: Path, setup: Setup, duration_s: float, offline: bool = False) -> Path:
+def run_once(
+    folder: Path, setup: Setup, duration_s: float, offline: bool = False, gpu_step_ms: float | None = None
+) -> Path:
     """The setup's run in `folder` (recorded now unless it is there already)."""
     if not (folder / "truth.jsonl").exists() or not (folder / "trace.jsonl").exists():
         if offline:
@@ -102,7 +110,7 @@ def run_once(folder: Path, setup: Setup, duration_s: float, offline: bool = Fals
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        record_bench(folder, *setup.bench_args(duration_s))
+        record_bench(folder, *setup.bench_args(duration_s, gpu_step_ms))
         print(f"  recorded {setup.name}", file=sys.stderr, flush=True)
     return folder
 
@@ -172,6 +180,14 @@ def main() -> None:
         "without runs",
     )
     ap.add_argument(
+        "--gpu-step-ms",
+        type=float,
+        metavar="MS",
+        help="each job's step a sleep of MS ms instead of the model's arithmetic on the host's CPUs "
+        "(gpumon bench --gpu-step-ms: a simulated GPU that leaves the cores to the loader); keep such "
+        "runs in an --out of their own",
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -193,7 +209,7 @@ def main() -> None:
             repeats = []
             for r in range(args.repeats):
                 folder = base / (s.name if r == 0 else f"{s.name}-r{r + 1}")
-                repeats.append(measure(run_once(folder, s, args.duration, args.offline), s))
+                repeats.append(measure(run_once(folder, s, args.duration, args.offline, args.gpu_step_ms), s))
             rates = [x.steps_per_s for x in repeats]
             said = [p for p in (next_change(x.advice) for x in repeats) if p is not None]
             others = [x.others_cores for x in repeats if x.others_cores is not None]

@@ -77,3 +77,33 @@ def test_the_bench_switches_to_starved_after_its_fed_part_from_its_first_step(tm
     # fed 5 s, fed up to the switch (1 s), starved 5 s; the last second's window is not closed
     assert [w["pipeline"] for w in windows] == ["fed", "fed", "starved-cpu"], windows
     assert windows[1]["steps"] == 2 and windows[2]["steps"] == 10, windows
+
+
+def test_a_simulated_gpu_step_sleeps_its_time_and_computes_nothing(tmp_path: Path) -> None:
+    """`bench --gpu-step-ms`: each batch the loader hands over is a step of the given time, slept
+    (off the host's cores, as a GPU's compute), and the model's arithmetic is not run at all: its
+    weights stay as they were built. The steps and the truth are timed as any other step."""
+    import numpy as np  # here: with the bench's modules, once the extra is known
+
+    from gpumon.bench.job import BenchOptions, FedData, StepTimer, build_model, simulate_gpu_steps
+
+    now = [50.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    model = build_model()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    before = [w.copy() for w in model.get_weights()]
+    simulate_gpu_steps(model, 0.125, sleep=sleep)
+    truth = tmp_path / "truth.jsonl"
+    timer = StepTimer(BenchOptions(duration_s=1e6, truth=str(truth)), clock=lambda: now[0])
+    model.fit(FedData(8, 48), epochs=1, verbose=0, callbacks=[timer])
+    timer.close()
+    assert slept == [0.125] * 48  # one step a batch, each the given time
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    first = truth_windows(truth)[0]
+    assert first["steps"] == 40 and first["steps_per_s"] == pytest.approx(8.0)  # 5 s of 0.125 s steps
+    assert first["input_share"] == pytest.approx(0.0)

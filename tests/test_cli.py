@@ -540,3 +540,25 @@ def test_an_output_that_is_not_a_file_is_refused_at_once(tmp_path: Path, kind: s
     p = gpumon("record", "--simulate", "healthy", "--duration", "2", "-o", str(out), "--force", timeout=60)
     assert p.returncode == 5, p.stderr
     assert f"not a regular file (a {'FIFO' if kind == 'fifo' else 'socket'})" in one_line_error(p)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--gpu-step-ms", "0"], {}, "between 1 and 10000"),
+        (["--gpu-step-ms", "nan"], {}, "between 1 and 10000"),
+        (["--gpu-step-ms", "20000"], {}, "between 1 and 10000"),
+        (["--gpu-step-ms", "100", "--save", "m.keras"], {}, "--save"),
+        (["--gpu-step-ms", "100"], {"KERAS_BACKEND": "jax"}, "torch backend"),
+        (["--gpu-step-ms", "100", "--gpus", "2"], {"KERAS_BACKEND": "jax"}, "torch backend"),
+    ],
+)
+def test_a_simulated_gpu_step_out_of_range_is_refused_before_anything_starts(
+    args: list[str], env: dict[str, str], names: str
+) -> None:
+    """`bench --gpu-step-ms`: a step of 0 ms or hours, a model to save when nothing trains, or a
+    backend whose training step it cannot replace: one line naming the flag, usage's exit code."""
+    p = gpumon("bench", "--duration", "5", *args, env=env)
+    assert p.returncode == 2, p.stderr
+    line = one_line_error(p)
+    assert "--gpu-step-ms" in line and names in line

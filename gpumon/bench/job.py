@@ -14,6 +14,10 @@ Every pipeline runs in --workers processes (default: 2 for fed and jpeg, 1 for t
 --duration counts from the first step: a start-up slowed by a busy host (the model built, the loader's
   workers started) does not shorten the training.
 --cpu-hogs N runs N CPU-bound processes beside the job for its duration (contention, issue 17).
+--gpu-step-ms MS makes each step a sleep of MS milliseconds instead of the model's arithmetic: on a
+  machine without a GPU, the step then leaves the host's cores to the input pipeline as a real GPU
+  does (the model on the CPU takes a core and moves with the host's speed), so that what an input
+  fix buys is measured apart from the host's arithmetic (benchmarks/advice.py --gpu-step-ms).
 --starve-after S makes the change inside one run: the job trains fed for S seconds (from its first
   step, as --duration), then the same job's loader switches to --pipeline (with the same worker
   processes) and the --cpu-hogs start; the drive file marks the moment ("# switch T"), the truth
@@ -95,9 +99,12 @@ class BenchOptions:
     """JAX only: train data-parallel over this many devices (keras.distribution.DataParallel); on
     a machine without GPUs, as many CPU devices (XLA_FLAGS must ask for them before JAX starts)."""
     starve_after_s: float | None = None
+    """Train fed this long, then switch the same job to `pipeline` (and start the CPU hogs then)."""
     start_delay_s: float = 0.0
     """Hold the GPU this long before the first step (a job's start-up: imports, data, compiling)."""
-    """Train fed this long, then switch the same job to `pipeline` (and start the CPU hogs then)."""
+    gpu_step_s: float | None = None
+    """Each step a sleep this long instead of the model's arithmetic (a simulated GPU's compute,
+    off the host's cores); None: the model computes on the backend's device."""
 
 
 def _batch(index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -426,6 +433,19 @@ def _leave_cores_for_the_input_pipeline() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
+def simulate_gpu_steps(
+    model: keras.Model, step_s: float, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Make each of the model's training steps a sleep of `step_s`: the batch is taken from the
+    loader as before (the input side unchanged), the compute is off the host's CPUs, as a GPU's."""
+
+    def train_step(data: object) -> dict[str, float]:
+        sleep(step_s)
+        return {}
+
+    model.train_step = train_step  # the trainer calls the instance's train_step for each batch
+
+
 class TooFewDevices(ValueError):
     """--gpus asks for more devices than the backend sees."""
 
@@ -508,6 +528,8 @@ def run(opts: BenchOptions) -> dict[str, float]:
     template = build_model()
     model = template
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if opts.gpu_step_s is not None:
+        simulate_gpu_steps(model, opts.gpu_step_s)
     if opts.drive and opts.start_delay_s:
         # the job's process is on the GPU from now (the drive file says so), before any kernel
         with open(opts.drive, "a", encoding="utf-8") as f:

@@ -66,6 +66,9 @@ class RankPlan:
     straggler_passes: int = STRAGGLER_PASSES_PER_RANK
     """The straggler's augmentation passes per sample, per rank (bench --straggler-passes): how
     long it holds the others at each step, so how much of it they spend waiting."""
+    gpu_step_s: float | None = None
+    """Each step's compute a sleep this long instead of forward, backward and step (bench
+    --gpu-step-ms: a simulated GPU's compute, off the host's cores); None: the model computes."""
 
 
 def _line(fd: int | None, text: str) -> None:
@@ -145,14 +148,17 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
                 break
             _line(drive, f"{ready:.6f} - {rank}\n")
             full = full and len(x) == per_rank  # the origin's rule: every batch full
-            inputs = torch.as_tensor(x, device=device)
-            labels = torch.as_tensor(y, device=device, dtype=torch.long)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(inputs), labels)
-            loss.backward()
-            optimizer.step()
-            if cuda:
-                torch.cuda.synchronize()
+            if plan.gpu_step_s is not None:
+                time.sleep(plan.gpu_step_s)  # the collective above still holds the ranks together
+            else:
+                inputs = torch.as_tensor(x, device=device)
+                labels = torch.as_tensor(y, device=device, dtype=torch.long)
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(ddp(inputs), labels)
+                loss.backward()
+                optimizer.step()
+                if cuda:
+                    torch.cuda.synchronize()
             end = time.monotonic()
             _line(drive, f"{ready:.6f} {end:.6f} {rank}\n")
             steps += 1
@@ -164,7 +170,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
                 shares = (waited, synced, computed)
                 _close(truth, rank, pipeline, window_start, end, shares, steps, per_rank, full)
                 window_start, waited, synced, computed, steps, full = end, 0.0, 0.0, 0.0, 0, True
-            if plan.verbose and rank == 0 and steps % 20 == 0:
+            if plan.verbose and rank == 0 and steps % 20 == 0 and plan.gpu_step_s is None:
                 print(f"rank 0: step loss {loss.detach().item():.3f}", file=sys.stderr)  # no autograd warning
         if plan.save and rank == 0:
             model.save(plan.save)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -76,6 +77,14 @@ def add_parser(
         help="how long the straggler holds the others: its augmentation passes per sample and rank "
         "(default 6: the others wait ~80%% of each step at 2 ranks on 2 cores; fewer, less)",
     )
+    s.add_argument(
+        "--gpu-step-ms",
+        type=float,
+        metavar="MS",
+        help="make each step's compute a sleep of MS milliseconds (1 to 10000) instead of the model's "
+        "arithmetic: without a GPU, the step then leaves the host's cores to the input pipeline as a "
+        "GPU does (nothing is trained; not with --save or KERAS_BACKEND=jax)",
+    )
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
@@ -103,18 +112,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--start-delay: one GPU only (data-parallel ranks start as torchrun starts them)")
     if args.straggler_passes is not None and args.straggler is None:
         raise UsageError("--straggler-passes needs --straggler RANK[:PIPELINE] (and --gpus 2 or more)")
+    if args.gpu_step_ms is not None:
+        if not 1 <= args.gpu_step_ms <= 10_000:
+            raise UsageError(f"--gpu-step-ms: between 1 and 10000 milliseconds, got {args.gpu_step_ms:g}")
+        if args.save:
+            raise UsageError("--gpu-step-ms trains nothing (each step a sleep): no model to --save")
+        if os.environ.get("KERAS_BACKEND", "torch") != "torch":
+            raise UsageError("--gpu-step-ms: on the torch backend (KERAS_BACKEND=torch) only")
     if args.gpus != 1 or args.straggler is not None:
         return _run_ranks(args)
     if args.starve_after is not None and not 0 < args.starve_after < args.duration:
         raise UsageError(
             f"--starve-after must be between 0 and --duration ({args.duration:g} s), "
             f"got {args.starve_after:g}"
-        )
-    if not 0 <= args.start_delay <= 3600:
-        raise UsageError(f"--start-delay: between 0 and 3600 seconds, got {args.start_delay:g}")
-    if args.start_delay and (args.gpus != 1 or args.straggler is not None):
-        raise UsageError(
-            "--start-delay: with one GPU only (data-parallel ranks start as torchrun starts them)"
         )
     if args.starve_after is not None and args.pipeline == "fed":
         raise UsageError("--starve-after needs a starving --pipeline (starved-cpu, starved-io or jpeg)")
@@ -134,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             watch=args.watch,
             starve_after_s=args.starve_after,
             start_delay_s=args.start_delay,
+            gpu_step_s=_gpu_step_s(args),
         )
     )
     print(
@@ -160,6 +171,10 @@ def _options(options: Callable[..., T], args: argparse.Namespace, **more: Any) -
     )
 
 
+def _gpu_step_s(args: argparse.Namespace) -> float | None:
+    return None if args.gpu_step_ms is None else args.gpu_step_ms / 1000.0
+
+
 STRAGGLER_PIPELINES = ("starved-cpu", "starved-io", "jpeg")
 
 
@@ -181,8 +196,6 @@ def parse_straggler(text: str, ranks: int) -> tuple[int, str]:
 
 
 def _run_ranks(args: argparse.Namespace) -> int:
-    import os
-
     if not 1 <= args.gpus <= 64:
         raise UsageError(f"--gpus must be between 1 and 64, got {args.gpus}")
     if args.straggler is not None and args.gpus < 2:
@@ -227,6 +240,7 @@ def _run_ranks(args: argparse.Namespace) -> int:
         truth=args.truth,
         verbose=0 if args.quiet else 1,
         save=args.save,
+        gpu_step_s=_gpu_step_s(args),
         **({"straggler_passes": passes} if passes is not None else {}),
     )
     if args.drive:  # the GPUs exist before the ranks start on them (their start-up is not work)
@@ -251,8 +265,6 @@ def _run_ranks(args: argparse.Namespace) -> int:
 def _run_jax(args: argparse.Namespace) -> int:
     """Keras's own data parallelism in one process, over the first N devices; without GPUs, N
     CPU devices that XLA is asked for before JAX starts."""
-    import os
-
     flag = f"--xla_force_host_platform_device_count={args.gpus}"
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
