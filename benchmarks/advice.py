@@ -21,8 +21,9 @@ host's from run to run): the input side alone decides what a change buys.
 Setups: starved-cpu, jpeg and starved-io with 1, 2 and 3 loader workers, with and without two CPU
 hogs (CPU-bound neighbours, each in a session of its own: other users' jobs), and one straggling
 rank of `--gpus 2`. A run of each worker count is shared by the setup it is the change of and the
-setup it is (runs of one pipeline and hog count follow each other, so the machine's load drifts
-little between a setup and its change). Runs found in --dir are reused (a second invocation
+setup it is. Runs of one pipeline and hog count follow each other, and with --repeats they are
+recorded in rounds (1, 2, 3, 4 workers, then again), so that a host whose speed drifts moves a
+setup's repeats and its change's alike. Runs found in --dir are reused (a second invocation
 re-analyzes them); every run's trace, drive file and truth stay there. `--only 'jpeg-*'` runs
 (and prints) the setups whose names match (shell-style patterns, comma-separated).
 """
@@ -115,6 +116,27 @@ def run_once(
     return folder
 
 
+def folder_of(base: Path, setup: Setup, repeat: int) -> Path:
+    return base / (setup.name if repeat == 0 else f"{setup.name}-r{repeat + 1}")
+
+
+def record_in_rounds(
+    base: Path, chosen: list[Setup], repeats: int, duration_s: float, gpu_step_ms: float | None
+) -> None:
+    """Record the runs the chosen setups compare (each one's workers and one more), a pipeline and
+    hog count at a time, in rounds: 1, 2, 3, 4 workers, then 1, 2, 3, 4 again. A host whose speed
+    drifts over minutes (a VM's neighbours: 30-40% here between runs 20 minutes apart) then moves
+    every worker count's repeats alike, instead of one setup's repeats and its change's apart."""
+    groups: dict[tuple[str, int, int], set[int]] = {}
+    for s in chosen:
+        groups.setdefault((s.pipeline, s.hogs, s.ranks), set()).update((s.workers, s.workers + 1))
+    for (pipeline, hogs, ranks), workers in groups.items():
+        for r in range(repeats):
+            for w in sorted(workers):
+                setup = Setup(pipeline, w, hogs, ranks)
+                run_once(folder_of(base, setup, r), setup, duration_s, gpu_step_ms=gpu_step_ms)
+
+
 def measure(folder: Path, setup: Setup) -> Run:
     windows = [json.loads(x) for x in (folder / "truth.jsonl").read_text().splitlines() if x.strip()]
     if setup.ranks > 1:
@@ -203,12 +225,14 @@ def main() -> None:
         if not chosen:
             sys.exit(f"no setup matches {args.setups!r}: " + ", ".join(s.name for s in setups()))
     runs: dict[Setup, Run] = {}
+    if not args.offline:
+        record_in_rounds(base, chosen, args.repeats, args.duration, args.gpu_step_ms)
 
     def get(s: Setup) -> Run:
         if s not in runs:
             repeats = []
             for r in range(args.repeats):
-                folder = base / (s.name if r == 0 else f"{s.name}-r{r + 1}")
+                folder = folder_of(base, s, r)
                 repeats.append(measure(run_once(folder, s, args.duration, args.offline, args.gpu_step_ms), s))
             rates = [x.steps_per_s for x in repeats]
             said = [p for p in (next_change(x.advice) for x in repeats) if p is not None]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.advice import Run, Setup, next_change, render, setups
 from gpumon.detect.remedies import Advice, Candidate, Kind, Limit, cannot, fed
 from gpumon.detect.vocabulary import Cause
@@ -78,3 +80,23 @@ def test_the_summary_gives_median_and_worst_error_no_gain_hits_and_a_slower_reco
     assert "cannot predict" in text and "1 -> 3 (2.00x, 2.40x)" in text
     steady = next(ln for ln in text.splitlines() if ln.startswith("where other processes' CPU"))
     assert "(2 setups; * marks the others): median error 15%, worst 25%" in steady
+
+
+def test_repeats_are_recorded_in_rounds_so_a_drifting_host_moves_a_setup_and_its_change_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a VM whose speed drifts 30-40% over twenty minutes, a setup's three runs then its
+    change's three compared one period with another; in rounds, each round holds both."""
+    import benchmarks.advice as advice_bench
+
+    order: list[str] = []
+    monkeypatch.setattr(
+        advice_bench, "run_once", lambda folder, *a, **kw: order.append(folder.name) or folder
+    )
+    chosen = [Setup("jpeg", 1, 2), Setup("jpeg", 2, 2), Setup("starved-io", 3)]
+    advice_bench.record_in_rounds(tmp_path, chosen, 2, 40.0, 100.0)
+    assert order == [
+        "jpeg-w1-h2", "jpeg-w2-h2", "jpeg-w3-h2", "jpeg-w1-h2-r2", "jpeg-w2-h2-r2", "jpeg-w3-h2-r2",
+        "starved-io-w3-h0", "starved-io-w4-h0", "starved-io-w3-h0-r2", "starved-io-w4-h0-r2",
+    ]  # fmt: skip
+    assert Setup("jpeg", 1).bench_args(40, 100.0)[-2:] == ["--gpu-step-ms", "100"]
