@@ -41,7 +41,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(cfg, clock=clock)
     assert d.recorder is not None
     d.recorder.start()
-    d.sampler.process_time = lambda: 0.0
+    d.sampler.timer = lambda: 0.0
     tick(d, 900)
     yield d
     d.recorder.close()

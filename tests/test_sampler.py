@@ -123,6 +123,20 @@ def test_host_source_is_asked_about_the_gpu_processes() -> None:
     assert host.pids_seen[-1] == [1000, 1001, 1002]
 
 
+def test_a_sources_duration_is_its_real_time_not_the_clocks() -> None:
+    """gpumon_source_duration_seconds: what a reading took in real seconds, also when the samples
+    are stamped by a virtual clock (replay at --speed max) that a slow source moves by hours."""
+    clock = VirtualClock()
+    real = iter([10.0, 10.25, 10.25, 10.5, 20.0, 20.004, 20.004, 20.01])
+    s = Sampler(StubGpus(clock, cost_s=3600.0), StubHost(), clock, timer=lambda: next(real))
+    s.tick()
+    assert s.stats["nvml"].last_duration_s == pytest.approx(0.25)
+    assert s.stats["host"].last_duration_s == pytest.approx(0.25)
+    s.tick()
+    assert s.stats["nvml"].last_duration_s == pytest.approx(0.004)
+    assert s.stats["host"].last_duration_s == pytest.approx(0.006)
+
+
 def test_history_is_bounded_by_the_window_however_long_it_runs() -> None:
     clock = VirtualClock()
     s = Sampler(StubGpus(clock), StubHost(), clock, interval_s=1.0, window_s=60.0)

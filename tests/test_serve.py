@@ -49,7 +49,7 @@ def simulated_daemon(
     cfg_kw.setdefault("jobs_dir", str(ROOT / "tests/golden/no-jobs-here"))  # whatever this host runs
     cfg = Config(simulate=scenarios, listen="127.0.0.1:0", **cfg_kw)
     daemon = Daemon(cfg, clock=clock)
-    daemon.sampler.process_time = lambda: 0.0  # source durations then come from the virtual clock only
+    daemon.sampler.timer = lambda: 0.0  # source durations 0: the golden exposition stays byte for byte
     daemon.sampler.run(duration_s=seconds)
     return daemon
 

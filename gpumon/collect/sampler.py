@@ -103,7 +103,11 @@ class Sampler:
     window_s: float = DEFAULT_WINDOW_S
     on_tick: list[Callable[[Tick], None]] = field(default_factory=list)
     problems: Problems = field(default_factory=lambda: Problems(log))
-    process_time: Callable[[], float] = time.process_time
+    timer: Callable[[], float] = time.perf_counter
+    """What a source's reading is timed with (gpumon_source_duration_seconds): real seconds, whatever
+    `clock` the samples are stamped with (a virtual one replays faster than real time). A vDSO read,
+    where the process's CPU clock it replaced is a system call: ~2 us each at a 1 s cadence here, six
+    a tick."""
     job_source: JobSourceLike | None = None
 
     def __post_init__(self) -> None:
@@ -125,8 +129,7 @@ class Sampler:
 
     def _run(self, name: str, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         stats = self.stats.setdefault(name, SourceStats())
-        start = self.clock.now()
-        cpu0 = self.process_time()
+        start = self.timer()
         try:
             result = fn(*args)
             ok = True
@@ -140,7 +143,7 @@ class Sampler:
         if ok:
             stats.last_error = None
         stats.failures += 0 if ok else 1
-        stats.last_duration_s = max(self.process_time() - cpu0, self.clock.now() - start)
+        stats.last_duration_s = self.timer() - start
         if ok and self.problems.any_active:
             self.problems.clear(f"{name}:failed")
         return ok, result
