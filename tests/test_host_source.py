@@ -506,8 +506,10 @@ class ParentsProcFs(FakeProcFs):
     def __init__(self, ps: FakePsutil) -> None:
         super().__init__(ps)
         self.parent: dict[int, int] = {}
+        self.parent_reads = 0
 
     def parents_of(self, first: int, last: int) -> frozenset[int] | None:
+        self.parent_reads += 1
         if not 0 <= last - first < 64:
             return None
         return frozenset(self.parent[p] for p in range(first, last + 1) if p in self.parent)
@@ -540,6 +542,53 @@ def test_a_birth_outside_the_job_does_not_send_gpumon_through_its_trees() -> Non
     procfs.newest += 500  # more births than are read one by one: every tree is looked through
     src.poll(31.0, [100])
     assert procfs.calls == looked + 2
+
+
+def test_births_are_not_read_while_no_job_process_is_visible() -> None:
+    """In a container without the host's PID namespace the GPU's processes are never in /proc:
+    there is no tree a birth could belong to, so the newborns' parents are not read each tick;
+    once a job process is seen, they are."""
+    ps = FakePsutil()
+    procfs = ParentsProcFs(ps)
+    ps.gpumon_procfs = procfs  # type: ignore[attr-defined]
+    src = HostSource(ps, children_rescan_s=3600.0)
+    for t in range(10):
+        procfs.newest += 1
+        procfs.parent[procfs.newest] = 1
+        src.poll(float(t), [4242])  # NVML's process, not in this /proc
+    assert procfs.parent_reads == 0
+    ps.cpu = {100: 0.0}
+    src.poll(10.0, [4242, 100])
+    procfs.newest += 1
+    procfs.parent[procfs.newest] = 100
+    ps.cpu[procfs.newest] = 0.0
+    ps.children = {100: [procfs.newest]}
+    h = src.poll(11.0, [4242, 100])
+    assert procfs.parent_reads == 1 and h is not None and h.processes[0].children == 1
+
+
+def test_the_load_comes_from_the_loadavg_read_for_births(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/loadavg is read once a tick: for the newest PID and the 1-minute load."""
+    from gpumon.collect.sources.host import ProcFs
+
+    (tmp_path / "loadavg").write_text("3.25 1.00 0.50 2/300 4242\n")
+    procfs = ProcFs(root=str(tmp_path))
+    assert procfs.newest_pid() == 4242 and procfs.load1 == 3.25
+    (tmp_path / "loadavg").write_text("garbage\n")
+    assert procfs.newest_pid() is None and procfs.load1 is None
+
+    import psutil
+
+    def no(*_: object) -> None:
+        raise AssertionError("getloadavg called: /proc/loadavg read twice a tick")
+
+    src = HostSource(psutil)
+    monkeypatch.setattr(psutil, "getloadavg", no)
+    src.poll(0.0, [])
+    h = src.poll(1.0, [])
+    assert h is not None and h.load1 >= 0
 
 
 def test_procfs_names_the_parents_of_new_processes() -> None:

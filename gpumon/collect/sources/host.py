@@ -142,6 +142,8 @@ class ProcFs:
 
     def __init__(self, root: str = "/proc") -> None:
         self.root = root
+        self.load1: float | None = None
+        """The 1-minute load of the last newest_pid() read."""
         self._tck = float(os.sysconf("SC_CLK_TCK"))
         self._delayacct = False
         self._checked = -float("inf")
@@ -214,9 +216,13 @@ class ProcFs:
 
     def newest_pid(self) -> int | None:
         """The PID most recently handed out on the host (/proc/loadavg): it changes when any process
-        is born (namespaced PIDs aside)."""
+        is born (namespaced PIDs aside). The same read leaves the 1-minute load in `load1` (None
+        where it could not be read), so that the tick reads the file once."""
+        self.load1 = None
         try:
-            return int(read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()[-1])
+            fields = read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()
+            self.load1 = float(fields[0])
+            return int(fields[-1])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -404,9 +410,15 @@ class HostSource:
             # through again (a listing and a read per thread of each process: ~500 reads a tick
             # for a job of 8 ranks). Not where /proc cannot say (a simulated host's).
             parents_of = getattr(self._procfs, "parents_of", None)
+            # With no job tree yet there is no one to look through again (a new tree is looked
+            # through whole): a node whose job processes are not in /proc (a container) reads none.
             self._born_to = (
                 parents_of(prev + 1, newest)
-                if self._born and parents_of is not None and newest is not None and prev is not None
+                if self._born
+                and self._trees
+                and parents_of is not None
+                and newest is not None
+                and prev is not None
                 else None
             )
         cur_cpu = self._cores.read() if self._cores is not None else list(self._ps.cpu_times(percpu=True))
@@ -430,11 +442,16 @@ class HostSource:
             cpu_ratio=round(ratios.cpu_ratio, 4),
             busiest_core_ratio=round(ratios.busiest_core_ratio, 4),
             iowait_ratio=round(ratios.iowait_ratio, 4) if ratios.iowait_ratio is not None else None,
-            load1=round(float(self._ps.getloadavg()[0]), 2),
+            load1=round(self._load1(), 2),
             disk_read_bytes_per_s=_round(rate(prev_disk, disk, dt)),
             disk_busy_ratio=busiest_disk_ratio(prev_busy, self._disk_busy, dt),
             processes=procs,
         )
+
+    def _load1(self) -> float:
+        """The 1-minute load: from the /proc/loadavg this tick read already, where it did."""
+        load1 = getattr(self._procfs, "load1", None) if self._procfs_counts else None
+        return float(self._ps.getloadavg()[0]) if load1 is None else load1
 
     def _read_disk(self) -> int | None:
         try:
