@@ -25,7 +25,9 @@ setup it is. Runs of one pipeline and hog count follow each other, and with --re
 recorded in rounds (1, 2, 3, 4 workers, then again), so that a host whose speed drifts moves a
 setup's repeats and its change's alike. Runs found in --dir are reused (a second invocation
 re-analyzes them); every run's trace, drive file and truth stay there. `--only 'jpeg-*'` runs
-(and prints) the setups whose names match (shell-style patterns, comma-separated).
+(and prints) the setups whose names match (shell-style patterns, comma-separated). Setups whose
+repeats differ much can be given more: `--only 'jpeg-*-h2' --repeats 8` records the runs they lack,
+and `--offline --all-repeats` then reads each setup's medians over every run of it found.
 """
 
 from __future__ import annotations
@@ -118,6 +120,16 @@ def run_once(
 
 def folder_of(base: Path, setup: Setup, repeat: int) -> Path:
     return base / (setup.name if repeat == 0 else f"{setup.name}-r{repeat + 1}")
+
+
+def repeats_found(base: Path, setup: Setup, at_least: int) -> int:
+    """How many runs of `setup` --dir holds in a row from the first (`--all-repeats`), and at least
+    `at_least`: a setup whose repeats differ much may have been given more (`--only` with a larger
+    --repeats records only the runs it lacks)."""
+    n = 0
+    while (folder_of(base, setup, n) / "truth.jsonl").exists():
+        n += 1
+    return max(n, at_least)
 
 
 def record_in_rounds(
@@ -215,6 +227,12 @@ def main() -> None:
         default=1,
         help="runs of each setup (default 1): steps per second and predictions are their medians",
     )
+    ap.add_argument(
+        "--all-repeats",
+        action="store_true",
+        help="each setup's medians over every run of it in --dir (at least --repeats): noisier setups "
+        "may have been given more repeats with --only",
+    )
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gpumon-advice-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -231,7 +249,7 @@ def main() -> None:
     def get(s: Setup) -> Run:
         if s not in runs:
             repeats = []
-            for r in range(args.repeats):
+            for r in range(repeats_found(base, s, args.repeats) if args.all_repeats else args.repeats):
                 folder = folder_of(base, s, r)
                 repeats.append(measure(run_once(folder, s, args.duration, args.offline, args.gpu_step_ms), s))
             rates = [x.steps_per_s for x in repeats]

@@ -100,3 +100,19 @@ def test_repeats_are_recorded_in_rounds_so_a_drifting_host_moves_a_setup_and_its
         "starved-io-w3-h0", "starved-io-w4-h0", "starved-io-w3-h0-r2", "starved-io-w4-h0-r2",
     ]  # fmt: skip
     assert Setup("jpeg", 1).bench_args(40, 100.0)[-2:] == ["--gpu-step-ms", "100"]
+
+
+def test_all_repeats_reads_every_run_a_setup_has_and_at_least_the_asked(tmp_path: Path) -> None:
+    """A noisy setup given more repeats (--only ... --repeats 8) is read over all of them."""
+    from benchmarks.advice import folder_of, repeats_found
+
+    noisy, quiet = Setup("jpeg", 1, 2), Setup("jpeg", 1)
+    for r in range(8):
+        folder_of(tmp_path, noisy, r).mkdir()
+        (folder_of(tmp_path, noisy, r) / "truth.jsonl").write_text("{}\n")
+    for r in (0, 1, 2, 4):  # a gap: the fifth run is not one of a row
+        folder_of(tmp_path, quiet, r).mkdir()
+        (folder_of(tmp_path, quiet, r) / "truth.jsonl").write_text("{}\n")
+    assert repeats_found(tmp_path, noisy, 3) == 8
+    assert repeats_found(tmp_path, quiet, 1) == 3
+    assert repeats_found(tmp_path, Setup("jpeg", 3), 3) == 3  # none yet: what --repeats asks
