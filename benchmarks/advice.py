@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -88,7 +89,9 @@ class Run:
     steps_per_s: float
     """The median of the repeats' steps per second."""
     advice: Advice | None
-    """The first repeat's advice (what gpumon said of that run)."""
+    """What gpumon said of the repeat whose next-change prediction is the median's (the first
+    repeat's where none predicted): the recommended change and its "no gain" follow the same
+    repeat as the predicted column."""
     label: str
     predicted: float | None = None
     """The median over the repeats of the next change's predicted speed-up (None: cannot predict)."""
@@ -147,6 +150,20 @@ def record_in_rounds(
             for w in sorted(workers):
                 setup = Setup(pipeline, w, hogs, ranks)
                 run_once(folder_of(base, setup, r), setup, duration_s, gpu_step_ms=gpu_step_ms)
+
+
+def representative(repeats: list[Run], predicted: float | None) -> Run:
+    """The repeat whose next-change prediction is nearest the repeats' median (the first of equals;
+    the first repeat where no median was predicted): its advice stands for the setup's, so that
+    the recommended change is not one repeat's while the predicted speed-up is all of theirs."""
+    if predicted is None:
+        return repeats[0]
+    best, gap = repeats[0], math.inf
+    for r in repeats:
+        p = next_change(r.advice)
+        if p is not None and abs(p - predicted) < gap:
+            best, gap = r, abs(p - predicted)
+    return best
 
 
 def measure(folder: Path, setup: Setup) -> Run:
@@ -255,11 +272,13 @@ def main() -> None:
             rates = [x.steps_per_s for x in repeats]
             said = [p for p in (next_change(x.advice) for x in repeats) if p is not None]
             others = [x.others_cores for x in repeats if x.others_cores is not None]
+            predicted = statistics.median(said) if len(said) * 2 > len(repeats) else None
+            typical = representative(repeats, predicted)
             runs[s] = Run(
                 statistics.median(rates),
-                repeats[0].advice,
-                repeats[0].label,
-                statistics.median(said) if len(said) * 2 > len(repeats) else None,
+                typical.advice,
+                typical.label,
+                predicted,
                 max(rates) / min(rates) - 1,
                 statistics.median(others) if others else None,
             )

@@ -116,3 +116,16 @@ def test_all_repeats_reads_every_run_a_setup_has_and_at_least_the_asked(tmp_path
     assert repeats_found(tmp_path, noisy, 3) == 8
     assert repeats_found(tmp_path, quiet, 1) == 3
     assert repeats_found(tmp_path, Setup("jpeg", 3), 3) == 3  # none yet: what --repeats asks
+
+
+def test_the_recommended_change_is_the_typical_repeats_not_the_firsts() -> None:
+    """Eight runs of a setup beside CPU hogs: gpumon recommends 1 -> 2 (1.12x) in the first and
+    says no gain in most; the setup's row follows the run whose prediction is the median's."""
+    from benchmarks.advice import representative
+
+    first = run(1.9, advice(1.12, (2, 1.12)))
+    others = [run(2.0, advice(p, None)) for p in (1.0, 1.03, 1.02, 1.04)]
+    typical = representative([first, *others], 1.03)
+    assert typical is others[1] and typical.advice is not None and typical.advice.best is None
+    assert representative([first, *others], None) is first
+    assert representative([run(2.0, None), first], 1.12) is first  # a repeat without a number is passed
