@@ -570,14 +570,15 @@ def test_births_are_not_read_while_no_job_process_is_visible() -> None:
 def test_the_load_comes_from_the_loadavg_read_for_births(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """/proc/loadavg is read once a tick: for the newest PID and the 1-minute load."""
+    """/proc/loadavg is read once a tick: for the newest PID, the 1-minute load and the threads
+    runnable now (the host's `runnable`)."""
     from gpumon.collect.sources.host import ProcFs
 
     (tmp_path / "loadavg").write_text("3.25 1.00 0.50 2/300 4242\n")
     procfs = ProcFs(root=str(tmp_path))
-    assert procfs.newest_pid() == 4242 and procfs.load1 == 3.25
+    assert procfs.newest_pid() == 4242 and procfs.load1 == 3.25 and procfs.running == 2
     (tmp_path / "loadavg").write_text("garbage\n")
-    assert procfs.newest_pid() is None and procfs.load1 is None
+    assert procfs.newest_pid() is None and procfs.load1 is None and procfs.running is None
 
     import psutil
 
@@ -589,6 +590,7 @@ def test_the_load_comes_from_the_loadavg_read_for_births(
     src.poll(0.0, [])
     h = src.poll(1.0, [])
     assert h is not None and h.load1 >= 0
+    assert h.runnable is not None and h.runnable >= 1  # the reading thread, at least
 
 
 def test_procfs_names_the_parents_of_new_processes() -> None:

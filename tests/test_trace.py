@@ -205,3 +205,29 @@ def test_the_busiest_disks_utilization_is_kept_and_absent_in_older_traces() -> N
     del d["host"]["disk_busy_ratio"]
     older = tick_from_dict(d).host
     assert older is not None and older.disk_busy_ratio is None
+
+
+def test_the_hosts_runnable_threads_are_kept_and_absent_in_older_traces(tmp_path: Path) -> None:
+    """Added 2026-12-03 (/proc/loadavg's running count): written where the host gave it, in both
+    trace versions; None in a trace without it; a count that is not a whole number is refused."""
+    from gpumon.core.model import HostSample, Tick
+    from gpumon.trace.records import BadRecord, make_header, tick_from_dict
+    from gpumon.trace.writer import open_writer
+
+    host = HostSample(3.0, 4, 0.5, 0.9, 0.1, 2.0, 4e7, runnable=5)
+    d = tick_to_dict(Tick(3.0, (), host))
+    assert d["host"]["runnable"] == 5
+    back = tick_from_dict(d).host
+    assert back is not None and back.runnable == 5
+    del d["host"]["runnable"]
+    older = tick_from_dict(d).host
+    assert older is not None and older.runnable is None
+    with pytest.raises(BadRecord, match="runnable"):
+        tick_from_dict({**d, "host": {**d["host"], "runnable": 2.5}})
+    for version in (1, 3):
+        path = tmp_path / ("t.jsonl" if version == 1 else "t.jsonl.gz")
+        w = open_writer(str(path), make_header({"kind": "simulated"}, 1.0), version)
+        w.write_tick(Tick(3.0, (), host))
+        w.finish("done")
+        (tick,) = read_trace(str(path)).ticks
+        assert tick.host is not None and tick.host.runnable == 5, version

@@ -213,7 +213,7 @@ def test_version_3_names_no_field_twice_and_no_short_name_is_a_field() -> None:
     host = host_to_dict(HostSample(0.0, 8, 0.5, 0.5, 0.0, 1.0, 0.0, (proc,)))
     fields = {"dt_us", "gpus", "host", "source_errors", *gpu, *gpu["gpm"], *host, *host["processes"][0]}
     fields |= {"gpu_mem_bytes", "pid", "error", "jobs", "xids", "last_xid", "clock_event_s"}
-    fields |= {"disk_busy_ratio"}
+    fields |= {"disk_busy_ratio", "runnable"}
     fields |= {"busiest_demand_ratio", "runq_wait_ratio", "blkio_wait_ratio", "age_s"}
     assert not fields & set(NAMES), fields & set(NAMES)
     assert fields <= set(NAMES.values()), fields - set(NAMES.values())

@@ -194,6 +194,9 @@ class HostSample(NamedTuple):
     disk_busy_ratio: float | None = None
     """The busiest whole disk's share of time doing I/O (/proc/diskstats io_ticks: iostat's %util),
     0-1; None where the host does not say."""
+    runnable: int | None = None
+    """Threads runnable on the host at the reading (/proc/loadavg's running count, the reading
+    thread itself included); None where the host does not say."""
 
 
 class DeviceInfo(NamedTuple):

@@ -80,6 +80,7 @@ NAMES: dict[str, str] = {
     "l": "load1",
     "dr": "disk_read_bytes_per_s",
     "db": "disk_busy_ratio",
+    "rn": "runnable",
     "cc": "children_cpu_ratio",
     "bcc": "busiest_child_cpu_ratio",
     "ch": "children",

@@ -121,6 +121,7 @@ def host_to_dict(h: HostSample) -> dict[str, Any]:
         "load1": h.load1,
         "disk_read_bytes_per_s": h.disk_read_bytes_per_s,
         **({"disk_busy_ratio": h.disk_busy_ratio} if h.disk_busy_ratio is not None else {}),
+        **({"runnable": h.runnable} if h.runnable is not None else {}),
         "processes": [
             {
                 "pid": p.pid,
@@ -342,6 +343,7 @@ def _host(d: Any, t_s: float) -> HostSample | None:
         disk_read_bytes_per_s=_num(d, "disk_read_bytes_per_s"),
         processes=tuple(procs),
         disk_busy_ratio=_num(d, "disk_busy_ratio"),  # added within version 1: absent in older traces
+        runnable=_num(d, "runnable", integer=True),  # added 2026-12-03: absent in older traces
     )
 
 

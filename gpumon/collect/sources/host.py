@@ -144,6 +144,8 @@ class ProcFs:
         self.root = root
         self.load1: float | None = None
         """The 1-minute load of the last newest_pid() read."""
+        self.running: int | None = None
+        """The threads runnable at the last newest_pid() read (this one included)."""
         self._tck = float(os.sysconf("SC_CLK_TCK"))
         self._delayacct = False
         self._checked = -float("inf")
@@ -218,10 +220,11 @@ class ProcFs:
         """The PID most recently handed out on the host (/proc/loadavg): it changes when any process
         is born (namespaced PIDs aside). The same read leaves the 1-minute load in `load1` (None
         where it could not be read), so that the tick reads the file once."""
-        self.load1 = None
+        self.load1 = self.running = None
         try:
             fields = read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()
             self.load1 = float(fields[0])
+            self.running = int(fields[3].split(b"/")[0])
             return int(fields[-1])
         except (OSError, ValueError, IndexError):
             return None
@@ -446,6 +449,7 @@ class HostSource:
             disk_read_bytes_per_s=_round(rate(prev_disk, disk, dt)),
             disk_busy_ratio=busiest_disk_ratio(prev_busy, self._disk_busy, dt),
             processes=procs,
+            runnable=self._procfs.running if self._procfs_counts else None,
         )
 
     def _load1(self) -> float:
