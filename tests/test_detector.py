@@ -725,3 +725,10 @@ def test_no_sync_stall_without_a_starved_peer_it_waits_for(why: str, kw: dict) -
     verdicts = two_ranks(**kw)
     assert all(s.startswith("starved") for s in settled(verdicts, 1)), "the peer is starved all along"
     assert settled(verdicts, 0) == {"healthy"}, why
+
+
+def test_the_hosts_runnable_threads_are_a_mean_without_gpumons_own_reading_thread() -> None:
+    w = window([0.3] * 48)
+    hosts = tuple(w.hosts[0]._replace(t_s=float(t), runnable=n) for t, n in enumerate((4, 5, 3, 4)))
+    assert gather(w._replace(hosts=hosts), TH).host_runnable == pytest.approx(3.0)  # 4 on average, less 1
+    assert gather(w, TH).host_runnable is None  # a host (or a trace) that does not say

@@ -91,6 +91,39 @@ TABLE = [
         None,
     ),
     (
+        "2 cores, one worker beside two single-threaded CPU hogs (a group each): by CPU the others' "
+        "1.44 cores read as 3 groups as hungry as the job's 0.56, but only 2 threads besides the job's "
+        "are runnable: 2 groups, and the job's third of the machine (0.67) is 1.19x what it has",
+        IDLE_8._replace(
+            cpu_count=2,
+            duty=0.09,
+            main_cores=0.0,
+            worker_cores=0.56,
+            busiest_worker_cores=0.56,
+            host_busy_cores=2.0,
+            runq_cores=0.41,
+            host_runnable=2.97,  # the worker's 0.56 + 0.41 waiting, and the two hogs
+        ),
+        Cause.CPU,
+        (2, 1.19, Limit.CPU),
+    ),
+    (
+        "the same with 3 threads besides the job's runnable: 3 groups may want CPU, and the job has "
+        "its quarter-plus already: no gain",
+        IDLE_8._replace(
+            cpu_count=2,
+            duty=0.09,
+            main_cores=0.0,
+            worker_cores=0.56,
+            busiest_worker_cores=0.56,
+            host_busy_cores=2.0,
+            runq_cores=0.41,
+            host_runnable=3.97,
+        ),
+        Cause.CPU,
+        None,
+    ),
+    (
         "2 cores shared with one other user's group: the job's fair half would be 1 core, but its 2 "
         "workers already spread it over both CPUs: a third wins nothing",
         IDLE_8._replace(

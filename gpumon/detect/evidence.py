@@ -95,6 +95,9 @@ class Evidence(NamedTuple):
     """The host's CPUs (what a fix's prediction counts the free cores of: detect/remedies.py)."""
     disk_busy_ratio: float | None = None
     """The busiest disk's share of time doing I/O over the host window (iostat's %util)."""
+    host_runnable: float | None = None
+    """Threads runnable on the host besides gpumon's reading thread, a mean over the host window
+    (/proc/loadavg's running count less one); None where the host does not say."""
     waiting_for_gpu: int | None = None
     """Another GPU of the same job (by attribution) that read starved at the previous tick: the
     rank this one may be waiting for in a collective (FleetDetector sets it; gather() never does)."""
@@ -362,7 +365,7 @@ def gather(
     seen = [procs for procs in per_host if procs]
     hosts = window.hosts
 
-    host_cpu, busiest_core, iowait, disk_read, disk_busy = _host_means(hosts)
+    host_cpu, busiest_core, iowait, disk_read, disk_busy, runnable = _host_means(hosts)
     job = _job_means(seen)
     return Evidence(
         points=len(values),
@@ -398,6 +401,7 @@ def gather(
         disk_read_bytes_per_s=disk_read,
         cpu_count=hosts[-1].cpu_count if hosts else None,
         disk_busy_ratio=disk_busy,
+        host_runnable=runnable,
         sm_active=_mean(sm),
         sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
         clock_held=_clock_held(clocks),
@@ -492,7 +496,7 @@ def _per_sample(
     return ratios, sm, busy, clocks
 
 
-_HostMeans = tuple[float | None, float | None, float | None, float | None, float | None]
+_HostMeans = tuple[float | None, float | None, float | None, float | None, float | None, float | None]
 _host_memo: list[tuple[tuple[HostSample, ...], _HostMeans] | None] = [None]
 """The last host window and its means: every GPU of a tick shares the same host window (one tuple,
 compared by identity and held here, so its identity cannot be reused), so the means are taken once
@@ -500,8 +504,8 @@ a tick. One reference, swapped whole: safe to share between threads."""
 
 
 def _host_means(hosts: tuple[HostSample, ...]) -> _HostMeans:
-    """The host's CPU, busiest core, iowait, disk reads and busiest disk's utilization, each a mean
-    over the host window."""
+    """The host's CPU, busiest core, iowait, disk reads, busiest disk's utilization and threads
+    runnable besides the reading one, each a mean over the host window."""
     memo = _host_memo[0]
     if memo is not None and memo[0] is hosts:
         return memo[1]
@@ -511,6 +515,7 @@ def _host_means(hosts: tuple[HostSample, ...]) -> _HostMeans:
         _mean([h.iowait_ratio for h in hosts if h.iowait_ratio is not None]),
         _mean([h.disk_read_bytes_per_s for h in hosts if h.disk_read_bytes_per_s is not None]),
         _mean([h.disk_busy_ratio for h in hosts if h.disk_busy_ratio is not None]),
+        _mean([max(0, h.runnable - 1) for h in hosts if h.runnable is not None]),
     )
     _host_memo[0] = (hosts, out)
     return out

@@ -100,6 +100,9 @@ class RemedyInputs(NamedTuple):
     sync-stall); their steps, and so their CPU, grow with its (detect/stragglers.py)."""
     runq_cores: float | None = None
     """The job's processes' wait for a CPU, in cores' worth (schedstat; None where not counted)."""
+    host_runnable: float | None = None
+    """Threads runnable on the host, all users' (the job's included), a mean: at most this many
+    scheduling groups can want CPU at once (None where the host does not say)."""
 
     @classmethod
     def of(cls, ev: Evidence, peer_cores: float = 0.0) -> RemedyInputs | None:
@@ -124,6 +127,7 @@ class RemedyInputs(NamedTuple):
             read_bytes_per_s=ev.job_read_bytes_per_s,
             peer_cores=peer_cores,
             runq_cores=ev.job_runq_wait_cores,
+            host_runnable=ev.host_runnable,
         )
 
 
@@ -304,7 +308,12 @@ def contention(i: RemedyInputs, cause: Cause) -> Contention | None:
         return None
     # a CPU-bound job is hungry, so what it gets is the level, and each other group as hungry takes as
     # much; one that wants less than its share says nothing of the level: the others at a core a group
-    groups = max(1, round(others / job if cause == Cause.CPU else others))
+    groups = round(others / job if cause == Cause.CPU else others)
+    if i.host_runnable is not None:
+        # a group that wants CPU has a thread runnable: no more groups than the threads runnable
+        # besides the job's (its CPU plus its wait for one, in threads' worth)
+        groups = min(groups, round(i.host_runnable - job - (i.runq_cores or 0.0)))
+    groups = max(1, groups)
     wanted = min(cores, _cpus_wanted(i, cause, i.workers or 0, i.worker_cores, 1.0))
     weight = 1.0 if wanted <= job + 0.02 else max(0.0, cores * (wanted - job) / (wanted * job))
     return Contention(weight, max(job, cores / (groups + 1)))
