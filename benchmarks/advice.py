@@ -2,6 +2,9 @@
 
     .venv/bin/python -m benchmarks.advice [--out DIR] [--only PATTERN,...] [--offline] [--duration 40]
 
+The whole matrix, three runs of each setup, takes about 85 minutes on 2 cores; `--offline` re-reads it
+in a second.
+
 Each setup is a Keras bench job (`gpumon bench`, driving a simulated GPU; docs/benchmarks.md)
 recorded by `gpumon record --drive`. For each setup, gpumon's prediction is read from its trace
 exactly as `gpumon analyze` makes it (the worst starved episode's advice; for data-parallel
@@ -14,9 +17,12 @@ second (the median of the job's own 5 s truth windows, less the first) are compa
 - the recommended change: its measured steps per second against today's (never slower is the goal);
   it is run too where it is not one of the matrix's runs, up to --max-workers workers.
 
---gpu-step-ms MS runs every job with a simulated GPU step of MS ms (a sleep) instead of the model's
-arithmetic on the host's CPUs, which a real GPU leaves to the loader (and whose speed moves with the
-host's from run to run): the input side alone decides what a change buys.
+Each job's GPU step is simulated: a sleep of --gpu-step-ms (default 100 ms), not the model's
+arithmetic on the host's CPUs. A real GPU leaves those CPUs to the loader; arithmetic on them takes a
+core from it, and its speed moves with the host's from run to run (the fed jobs of the first nine
+matrices "gained" 1.25x from one reader more). The input side alone then decides what a change
+buys. `--computed-step` runs the arithmetic as those matrices did. The step each --out was recorded
+with is kept in its settings.json, and a run asking another is refused: the runs are reused.
 
 Setups: starved-cpu, jpeg and starved-io with 1, 2 and 3 loader workers, with and without two CPU
 hogs (CPU-bound neighbours, each in a session of its own: other users' jobs), and one straggling
@@ -53,6 +59,12 @@ WORKERS = (1, 2, 3)
 HOGS = (0, 2)
 RANK_PIPELINE = "starved-cpu"
 STRAGGLER = 1
+GPU_STEP_MS = 100.0
+"""The simulated GPU step (`gpumon bench --gpu-step-ms`) unless --gpu-step-ms or --computed-step."""
+REPEATS = 3
+"""Runs of each setup: this VM's steps per second move 10-60% between runs of one setup."""
+SETTINGS = "settings.json"
+"""In --out: the GPU step its runs were recorded with."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,33 @@ def record_in_rounds(
                 run_once(folder_of(base, setup, r), setup, duration_s, gpu_step_ms=gpu_step_ms)
 
 
+def step_text(gpu_step_ms: float | None) -> str:
+    return "--computed-step" if gpu_step_ms is None else f"--gpu-step-ms {gpu_step_ms:g}"
+
+
+def check_settings(base: Path, gpu_step_ms: float | None) -> str | None:
+    """Why the runs in `base` cannot be reused with this GPU step (None: they can). Runs are reused
+    by name, so a folder of 100 ms runs extended with computed ones would compare two machines' worth
+    of CPU. A folder without settings.json (recorded before it was kept) is taken at its word, and
+    given this invocation's setting (--offline re-analyzes any folder: it records nothing)."""
+    path = base / SETTINGS
+    if path.exists() and not path.is_file():
+        return f"{path}: not a regular file (remove it, or use another --out)"
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8")[:4096])["gpu_step_ms"]
+        except (ValueError, KeyError, TypeError):
+            return f"{path}: not a settings file of benchmarks.advice (remove it, or use another --out)"
+        if kept != gpu_step_ms:
+            return (
+                f"{base} holds runs recorded with {step_text(kept)}; this run asks {step_text(gpu_step_ms)}: "
+                "use another --out, or ask for the same step"
+            )
+    else:
+        path.write_text(json.dumps({"gpu_step_ms": gpu_step_ms}) + "\n", encoding="utf-8")
+    return None
+
+
 def representative(repeats: list[Run], predicted: float | None) -> Run:
     """The repeat whose next-change prediction is nearest the repeats' median (the first of equals;
     the first repeat where no median was predicted): its advice stands for the setup's, so that
@@ -230,19 +269,28 @@ def main() -> None:
         help="record nothing: analyze the runs in --dir again (with this gpumon), leaving out setups "
         "without runs",
     )
-    ap.add_argument(
+    step = ap.add_mutually_exclusive_group()
+    step.add_argument(
         "--gpu-step-ms",
         type=float,
         metavar="MS",
-        help="each job's step a sleep of MS ms instead of the model's arithmetic on the host's CPUs "
-        "(gpumon bench --gpu-step-ms: a simulated GPU that leaves the cores to the loader); keep such "
-        "runs in an --out of their own",
+        default=GPU_STEP_MS,
+        help=f"each job's step a sleep of MS ms (default {GPU_STEP_MS:g}; gpumon bench --gpu-step-ms: a "
+        "simulated GPU that leaves the cores to the loader)",
+    )
+    step.add_argument(
+        "--computed-step",
+        action="store_const",
+        const=None,
+        dest="gpu_step_ms",
+        help="each job's step the model's arithmetic, on the host's CPUs where no GPU is (the matrices "
+        "before 2026-12-03)",
     )
     ap.add_argument(
         "--repeats",
         type=int,
-        default=1,
-        help="runs of each setup (default 1): steps per second and predictions are their medians",
+        default=REPEATS,
+        help=f"runs of each setup (default {REPEATS}): steps per second and predictions are their medians",
     )
     ap.add_argument(
         "--all-repeats",
@@ -259,6 +307,10 @@ def main() -> None:
         chosen = [s for s in chosen if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
         if not chosen:
             sys.exit(f"no setup matches {args.setups!r}: " + ", ".join(s.name for s in setups()))
+    if args.repeats < 1 or args.duration <= 0:
+        sys.exit("advice: --repeats must be 1 or more and --duration positive")
+    if not args.offline and (problem := check_settings(base, args.gpu_step_ms)):
+        sys.exit(f"advice: {problem}")
     runs: dict[Setup, Run] = {}
     if not args.offline:
         record_in_rounds(base, chosen, args.repeats, args.duration, args.gpu_step_ms)

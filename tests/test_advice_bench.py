@@ -129,3 +129,41 @@ def test_the_recommended_change_is_the_typical_repeats_not_the_firsts() -> None:
     assert typical is others[1] and typical.advice is not None and typical.advice.best is None
     assert representative([first, *others], None) is first
     assert representative([run(2.0, None), first], 1.12) is first  # a repeat without a number is passed
+
+
+def test_runs_recorded_with_one_gpu_step_are_not_extended_with_another(tmp_path: Path) -> None:
+    """Runs are reused by name: a folder of sleeping-step runs must not gain computed-step ones."""
+    from benchmarks.advice import check_settings
+
+    assert check_settings(tmp_path, 100.0) is None  # a new folder takes this run's step
+    assert check_settings(tmp_path, 100.0) is None
+    refused = check_settings(tmp_path, None)
+    assert refused is not None and "--gpu-step-ms 100" in refused and "--computed-step" in refused
+    assert "--gpu-step-ms 50" in (check_settings(tmp_path, 50.0) or "")
+    (tmp_path / "settings.json").write_text("{not json")
+    assert "not a settings file" in (check_settings(tmp_path, 100.0) or "")
+    (tmp_path / "settings.json").unlink()
+    (tmp_path / "settings.json").mkdir()
+    assert "not a regular file" in (check_settings(tmp_path, 100.0) or "")
+
+
+def test_the_default_run_sleeps_its_gpu_step_three_times_a_setup_and_refuses_a_mixed_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import benchmarks.advice as bench
+
+    recorded: list[tuple[int, float | None]] = []
+    monkeypatch.setattr(bench, "record_in_rounds", lambda _b, _c, r, _d, step: recorded.append((r, step)))
+    monkeypatch.setattr("sys.argv", ["advice", "--out", str(tmp_path), "--only", "nothing-matches*"])
+    with pytest.raises(SystemExit):  # no setup matches: refused before anything is recorded
+        bench.main()
+    assert recorded == []
+    monkeypatch.setattr("sys.argv", ["advice", "--out", str(tmp_path), "--only", "jpeg-w1-h0"])
+    monkeypatch.setattr(bench, "run_once", lambda *a, **k: (_ for _ in ()).throw(bench.NotRecorded("x")))
+    bench.main()  # (nothing was recorded: the setup is left out of the matrix)
+    assert recorded == [(3, 100.0)]
+    monkeypatch.setattr("sys.argv", ["advice", "--out", str(tmp_path), "--computed-step"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert "--computed-step" in str(e.value) and "use another --out" in str(e.value)
+    assert recorded == [(3, 100.0)]
