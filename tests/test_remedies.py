@@ -108,6 +108,22 @@ TABLE = [
         (2, 1.19, Limit.CPU),
     ),
     (
+        "the same with a runnable count read short (fewer threads than the others' busy cores): it "
+        "says nothing, and the totals' 3 groups stand: no gain",
+        IDLE_8._replace(
+            cpu_count=2,
+            duty=0.09,
+            main_cores=0.0,
+            worker_cores=0.56,
+            busiest_worker_cores=0.56,
+            host_busy_cores=2.0,
+            runq_cores=0.41,
+            host_runnable=0.5,
+        ),
+        Cause.CPU,
+        None,
+    ),
+    (
         "the same with 3 threads besides the job's runnable: 3 groups may want CPU, and the job has "
         "its quarter-plus already: no gain",
         IDLE_8._replace(

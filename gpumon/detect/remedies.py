@@ -311,8 +311,12 @@ def contention(i: RemedyInputs, cause: Cause) -> Contention | None:
     groups = round(others / job if cause == Cause.CPU else others)
     if i.host_runnable is not None:
         # a group that wants CPU has a thread runnable: no more groups than the threads runnable
-        # besides the job's (its CPU plus its wait for one, in threads' worth)
-        groups = min(groups, round(i.host_runnable - job - (i.runq_cores or 0.0)))
+        # besides the job's (its CPU plus its wait for one, in threads' worth), the nearest whole
+        # count (the mean of a count sampled once a tick). A count under the others' busy cores
+        # cannot be (a thread is on a core or waiting for one): it says nothing
+        threads = i.host_runnable - job - (i.runq_cores or 0.0)
+        if threads >= others:
+            groups = min(groups, math.floor(threads + 0.5))
     groups = max(1, groups)
     wanted = min(cores, _cpus_wanted(i, cause, i.workers or 0, i.worker_cores, 1.0))
     weight = 1.0 if wanted <= job + 0.02 else max(0.0, cores * (wanted - job) / (wanted * job))
