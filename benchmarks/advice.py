@@ -65,6 +65,10 @@ REPEATS = 3
 """Runs of each setup: this VM's steps per second move 10-60% between runs of one setup."""
 SETTINGS = "settings.json"
 """In --out: the GPU step its runs were recorded with."""
+SETTINGS_MAX_BYTES = 4096
+MAX_GPU_STEP_MS = 10_000.0
+"""gpumon bench's own bound on --gpu-step-ms."""
+MAX_DURATION_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -168,27 +172,64 @@ def step_text(gpu_step_ms: float | None) -> str:
     return "--computed-step" if gpu_step_ms is None else f"--gpu-step-ms {gpu_step_ms:g}"
 
 
-def check_settings(base: Path, gpu_step_ms: float | None) -> str | None:
-    """Why the runs in `base` cannot be reused with this GPU step (None: they can). Runs are reused
-    by name, so a folder of 100 ms runs extended with computed ones would compare two machines' worth
-    of CPU. A folder without settings.json (recorded before it was kept) is taken at its word, and
-    given this invocation's setting (--offline re-analyzes any folder: it records nothing)."""
-    path = base / SETTINGS
-    if path.exists() and not path.is_file():
-        return f"{path}: not a regular file (remove it, or use another --out)"
-    if path.is_file():
-        try:
-            kept = json.loads(path.read_text(encoding="utf-8")[:4096])["gpu_step_ms"]
-        except (ValueError, KeyError, TypeError):
-            return f"{path}: not a settings file of benchmarks.advice (remove it, or use another --out)"
-        if kept != gpu_step_ms:
-            return (
-                f"{base} holds runs recorded with {step_text(kept)}; this run asks {step_text(gpu_step_ms)}: "
-                "use another --out, or ask for the same step"
-            )
-    else:
-        path.write_text(json.dumps({"gpu_step_ms": gpu_step_ms}) + "\n", encoding="utf-8")
+def check_args(repeats: int, duration_s: float, gpu_step_ms: float | None) -> str | None:
+    """Why these flags cannot make a matrix (None: they can), before anything is written."""
+    if repeats < 1:
+        return f"--repeats {repeats}: 1 or more"
+    if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_DURATION_S):
+        return f"--duration {duration_s:g}: seconds, more than 0 and at most {MAX_DURATION_S:g}"
+    if gpu_step_ms is not None and not (math.isfinite(gpu_step_ms) and 0 < gpu_step_ms <= MAX_GPU_STEP_MS):
+        return f"--gpu-step-ms {gpu_step_ms:g}: more than 0 and at most {MAX_GPU_STEP_MS:g} (as gpumon bench)"
     return None
+
+
+def check_settings(base: Path, gpu_step_ms: float | None) -> str | None:
+    """Why the runs in `base` cannot be extended with this GPU step (None: they can). Runs are
+    reused by name, so a folder of 100 ms runs extended with computed ones would compare two
+    machines' worth of CPU. A folder with runs but no settings.json (recorded before it was kept)
+    has an unknown step and is refused too; an empty one is given this invocation's step.
+    (--offline re-analyzes any folder: it records nothing, and never comes here.)"""
+    path = base / SETTINGS
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return f"{path}: not a regular file (remove it, or use another --out)"
+    if not path.exists():
+        if any(base.glob("*/truth.jsonl")):
+            return (
+                f"{base} holds runs of an unknown GPU step (recorded before {SETTINGS} was kept): write "
+                f'{path} as {{"gpu_step_ms": 100}} (or null: --computed-step) if you know it, or use '
+                "another --out"
+            )
+        path.write_text(json.dumps({"gpu_step_ms": gpu_step_ms}) + "\n", encoding="utf-8")
+        return None
+    known, kept = _kept_step(path)
+    if not known:
+        return f"{path}: not a settings file of benchmarks.advice (remove it, or use another --out)"
+    same = (kept is None and gpu_step_ms is None) or (
+        kept is not None and gpu_step_ms is not None and math.isclose(kept, gpu_step_ms, rel_tol=1e-9)
+    )
+    if not same:
+        return (
+            f"{base} holds runs recorded with {step_text(kept)}; this run asks {step_text(gpu_step_ms)}: "
+            "use another --out, or ask for the same step"
+        )
+    return None
+
+
+def _kept_step(path: Path) -> tuple[bool, float | None]:
+    """(whether the file says a step, the step: None for the computed one), read bounded."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(SETTINGS_MAX_BYTES + 1)
+        if len(raw) > SETTINGS_MAX_BYTES:
+            return False, None
+        kept = json.loads(raw)["gpu_step_ms"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False, None
+    if kept is None:
+        return True, None
+    if isinstance(kept, bool) or not isinstance(kept, int | float) or not math.isfinite(kept):
+        return False, None
+    return True, float(kept)
 
 
 def representative(repeats: list[Run], predicted: float | None) -> Run:
@@ -299,18 +340,21 @@ def main() -> None:
         "may have been given more repeats with --only",
     )
     args = ap.parse_args()
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gpumon-advice-"))
-    base.mkdir(parents=True, exist_ok=True)
+    if problem := check_args(args.repeats, args.duration, args.gpu_step_ms):
+        sys.exit(f"advice: {problem}")
     chosen = setups()
     if args.setups:
         patterns = [p for p in args.setups.split(",") if p]
         chosen = [s for s in chosen if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
         if not chosen:
             sys.exit(f"no setup matches {args.setups!r}: " + ", ".join(s.name for s in setups()))
-    if args.repeats < 1 or args.duration <= 0:
-        sys.exit("advice: --repeats must be 1 or more and --duration positive")
-    if not args.offline and (problem := check_settings(base, args.gpu_step_ms)):
-        sys.exit(f"advice: {problem}")
+    if args.offline and not args.dir:
+        sys.exit("advice: --offline re-analyzes the runs of an --out folder: name it")
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gpumon-advice-"))
+    if not args.offline:
+        base.mkdir(parents=True, exist_ok=True)
+        if problem := check_settings(base, args.gpu_step_ms):
+            sys.exit(f"advice: {problem}")
     runs: dict[Setup, Run] = {}
     if not args.offline:
         record_in_rounds(base, chosen, args.repeats, args.duration, args.gpu_step_ms)
@@ -318,7 +362,16 @@ def main() -> None:
     def get(s: Setup) -> Run:
         if s not in runs:
             repeats = []
-            for r in range(repeats_found(base, s, args.repeats) if args.all_repeats else args.repeats):
+            if args.offline:  # what was recorded: a folder of one run a setup reads as one
+                found = repeats_found(base, s, 0)
+                n = found if args.all_repeats else min(found, args.repeats)
+                if n < args.repeats:
+                    print(f"  {s.name}: {n} run(s) of {args.repeats} asked", file=sys.stderr)
+                if n == 0:
+                    raise NotRecorded(s.name)
+            else:
+                n = repeats_found(base, s, args.repeats) if args.all_repeats else args.repeats
+            for r in range(n):
                 folder = folder_of(base, s, r)
                 repeats.append(measure(run_once(folder, s, args.duration, args.offline, args.gpu_step_ms), s))
             rates = [x.steps_per_s for x in repeats]

@@ -142,9 +142,46 @@ def test_runs_recorded_with_one_gpu_step_are_not_extended_with_another(tmp_path:
     assert "--gpu-step-ms 50" in (check_settings(tmp_path, 50.0) or "")
     (tmp_path / "settings.json").write_text("{not json")
     assert "not a settings file" in (check_settings(tmp_path, 100.0) or "")
+    for garbage in ('"100"', '{"gpu_step_ms": "100"}', '{"gpu_step_ms": [1]}', '{"gpu_step_ms": true}', "[]"):
+        (tmp_path / "settings.json").write_text(garbage)
+        assert "not a settings file" in (check_settings(tmp_path, 100.0) or ""), garbage
+    (tmp_path / "settings.json").write_text('{"gpu_step_ms": 100, "pad": "' + "x" * 5000 + '"}')
+    assert "not a settings file" in (check_settings(tmp_path, 100.0) or "")  # read bounded
     (tmp_path / "settings.json").unlink()
     (tmp_path / "settings.json").mkdir()
     assert "not a regular file" in (check_settings(tmp_path, 100.0) or "")
+    (tmp_path / "settings.json").rmdir()
+    (tmp_path / "settings.json").symlink_to(tmp_path / "elsewhere.json")  # dangling: not written through
+    assert "not a regular file" in (check_settings(tmp_path, 100.0) or "")
+    assert not (tmp_path / "elsewhere.json").exists()
+    (tmp_path / "settings.json").unlink()
+    (tmp_path / "jpeg-w1-h0").mkdir()
+    (tmp_path / "jpeg-w1-h0" / "truth.jsonl").write_text("{}\n")
+    unknown = check_settings(tmp_path, 100.0)  # runs recorded before the step was kept: not mixed
+    assert unknown is not None and "unknown GPU step" in unknown and not (tmp_path / "settings.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("repeats", "duration", "step", "flag"),
+    [
+        (0, 40.0, 100.0, "--repeats"),
+        (3, float("nan"), 100.0, "--duration"),
+        (3, float("inf"), 100.0, "--duration"),
+        (3, 0.0, 100.0, "--duration"),
+        (3, 40.0, float("nan"), "--gpu-step-ms"),
+        (3, 40.0, -5.0, "--gpu-step-ms"),
+        (3, 40.0, 0.0, "--gpu-step-ms"),
+        (3, 40.0, 1e9, "--gpu-step-ms"),
+    ],
+)
+def test_flags_no_job_could_run_are_refused_before_the_folder_is_touched(
+    tmp_path: Path, repeats: int, duration: float, step: float, flag: str
+) -> None:
+    from benchmarks.advice import check_args
+
+    assert check_args(3, 40.0, 100.0) is None and check_args(1, 40.0, None) is None
+    problem = check_args(repeats, duration, step)
+    assert problem is not None and problem.startswith(flag)
 
 
 def test_the_default_run_sleeps_its_gpu_step_three_times_a_setup_and_refuses_a_mixed_folder(
@@ -167,3 +204,27 @@ def test_the_default_run_sleeps_its_gpu_step_three_times_a_setup_and_refuses_a_m
         bench.main()
     assert "--computed-step" in str(e.value) and "use another --out" in str(e.value)
     assert recorded == [(3, 100.0)]
+
+
+def test_offline_reads_a_folder_of_one_run_a_setup_as_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Folders recorded with --repeats 1 (the default before 2026-12-04) still re-analyze."""
+    import benchmarks.advice as bench
+
+    for name in ("jpeg-w1-h0", "jpeg-w2-h0"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "truth.jsonl").write_text("{}\n")
+        (tmp_path / name / "trace.jsonl").write_text("{}\n")
+    read: list[str] = []
+
+    def measure(folder: Path, s: Setup) -> Run:
+        read.append(folder.name)
+        return run(2.0 if s.workers == 2 else 1.0, advice(2.0, (2, 2.0)))
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr("sys.argv", ["advice", "--offline", "--out", str(tmp_path), "--only", "jpeg-w1-h0"])
+    bench.main()
+    assert read == ["jpeg-w1-h0", "jpeg-w2-h0"]
+    out = capsys.readouterr()
+    assert "summary: 1 setups" in out.out and "1 run(s) of 3 asked" in out.err
