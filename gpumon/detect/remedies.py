@@ -101,8 +101,9 @@ class RemedyInputs(NamedTuple):
     runq_cores: float | None = None
     """The job's processes' wait for a CPU, in cores' worth (schedstat; None where not counted)."""
     host_runnable: float | None = None
-    """Threads runnable on the host, all users' (the job's included), a mean: at most this many
-    scheduling groups can want CPU at once (None where the host does not say)."""
+    """Threads runnable on the host besides gpumon's reading thread, all users' (the job's
+    included), a mean: at most this many scheduling groups can want CPU at once (None where the
+    host does not say)."""
 
     @classmethod
     def of(cls, ev: Evidence, peer_cores: float = 0.0) -> RemedyInputs | None:
