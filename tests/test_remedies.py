@@ -39,6 +39,18 @@ IDLE_8 = RemedyInputs(
 """One pinned loader worker on a quiet 8-core host, the GPU busy a quarter of the time."""
 
 
+JPEG_BESIDE_HOGS = IDLE_8._replace(
+    cpu_count=2,
+    duty=0.09,
+    main_cores=0.0,
+    worker_cores=0.56,
+    busiest_worker_cores=0.56,
+    host_busy_cores=2.0,
+    runq_cores=0.41,
+)
+"""One jpeg loader worker on 2 cores beside two single-threaded CPU hogs (a real run's medians)."""
+
+
 def cpu(i: RemedyInputs, windows: int = 20) -> Advice:
     advice = predict(State.STARVED, Cause.CPU, i, windows)
     assert advice is not None
@@ -94,48 +106,21 @@ TABLE = [
         "2 cores, one worker beside two single-threaded CPU hogs (a group each): by CPU the others' "
         "1.44 cores read as 3 groups as hungry as the job's 0.56, but only 2 threads besides the job's "
         "are runnable: 2 groups, and the job's third of the machine (0.67) is 1.19x what it has",
-        IDLE_8._replace(
-            cpu_count=2,
-            duty=0.09,
-            main_cores=0.0,
-            worker_cores=0.56,
-            busiest_worker_cores=0.56,
-            host_busy_cores=2.0,
-            runq_cores=0.41,
-            host_runnable=2.97,  # the worker's 0.56 + 0.41 waiting, and the two hogs
-        ),
+        JPEG_BESIDE_HOGS._replace(host_runnable=2.97),  # the worker's 0.56 + 0.41 waiting, and the two hogs
         Cause.CPU,
         (2, 1.19, Limit.CPU),
     ),
     (
         "the same with a runnable count read short (fewer threads than the others' busy cores): it "
         "says nothing, and the totals' 3 groups stand: no gain",
-        IDLE_8._replace(
-            cpu_count=2,
-            duty=0.09,
-            main_cores=0.0,
-            worker_cores=0.56,
-            busiest_worker_cores=0.56,
-            host_busy_cores=2.0,
-            runq_cores=0.41,
-            host_runnable=0.5,
-        ),
+        JPEG_BESIDE_HOGS._replace(host_runnable=0.5),
         Cause.CPU,
         None,
     ),
     (
         "the same with 3 threads besides the job's runnable: 3 groups may want CPU, and the job has "
         "its quarter-plus already: no gain",
-        IDLE_8._replace(
-            cpu_count=2,
-            duty=0.09,
-            main_cores=0.0,
-            worker_cores=0.56,
-            busiest_worker_cores=0.56,
-            host_busy_cores=2.0,
-            runq_cores=0.41,
-            host_runnable=3.97,
-        ),
+        JPEG_BESIDE_HOGS._replace(host_runnable=3.97),
         Cause.CPU,
         None,
     ),
