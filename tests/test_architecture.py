@@ -293,6 +293,38 @@ def test_simulated_runs_do_not_even_load_pynvml() -> None:
     assert "LOADED False False" in p.stdout, p.stdout + p.stderr
 
 
+def test_a_daemon_on_gpus_has_loaded_nothing_kept_out_of_its_first_sample(tmp_path: Path) -> None:
+    """What HEAVY keeps out of the start stays out of it: at the moment `gpumon serve` on GPUs (the
+    stand-in driver, no config file) publishes its first sample, none of it is loaded but the
+    bindings the sample is read with. An import at a module's top that one of them crept back into
+    (statistics did, with the advisor) is a few milliseconds of every daemon's first answer
+    (docs/benchmarks.md, issue 29)."""
+    from tests.fakenvml import driver
+
+    config = driver.simulated_config(tmp_path, "starved-cpu", gpus=2, seconds=60)
+    kept_out = sorted(set(HEAVY) - {"pynvml", "psutil"})
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        from gpumon.serve import daemon
+        publish = daemon.Daemon._publish
+        def first(self, tick, verdicts):
+            loaded = [k for k in {kept_out!r} if any(m == k or m.startswith(k + ".") for m in sys.modules)]
+            print("GPUS", len(tick.gpus), "LOADED", loaded, flush=True)
+            os._exit(0)
+        daemon.Daemon._publish = first
+        from gpumon.cli import main
+        main(["serve", "--listen", "127.0.0.1:0", "--record-dir", {str(tmp_path / "rec")!r}])
+        """
+    )
+    env = driver.environment(config, PYTHONPATH=str(ROOT))
+    env.pop("GPUMON_CONFIG", None)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60
+    )
+    assert "GPUS 2 LOADED []" in p.stdout, p.stdout + p.stderr
+
+
 def test_the_pipeline_is_built_in_one_place() -> None:
     """Sampler, detector stage and sources are put together by gpumon.collect.pipeline alone;
     commands, the daemon, the demo and the benchmarks ask it for a Pipeline."""

@@ -4,7 +4,6 @@ tick; no clock, no I/O: time comes with the verdicts."""
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,8 @@ class HeldWindow(NamedTuple):
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Episode:
+    """One GPU's episode as the advisor follows it: its steady windows per cause."""
+
     start_s: float
     state: State
     cause: Cause | None
@@ -155,6 +156,8 @@ class Advisor:
         then, where most of those under it read a cause the model scales as if the GPU were not
         fed, the model for that cause on their median (a loader that holds the GPU at 77% gains
         from what gains a starved one), else "cannot predict". All over the same newest minute."""
+        import statistics  # (and fractions, decimal): only once an episode has windows to take
+
         held = list(ep.held)
         n = len(held)
         duty = statistics.median(w.duty for w in held) if n else None

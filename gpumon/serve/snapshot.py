@@ -14,7 +14,6 @@ from gpumon.detect.remedies import Advice
 from gpumon.detect.tracker import Episode, Verdict
 from gpumon.detect.vocabulary import Cause, State
 from gpumon.trace.recorder import RecorderStats
-from gpumon.trace.records import job_to_dict
 
 SCHEMA = "gpumon-state/1"
 
@@ -65,6 +64,8 @@ def _r(value: float | None, digits: int = 4) -> float | None:
 
 def to_state_json(s: Snapshot, age_s: float) -> dict[str, Any]:
     """The `/api/v1/state` document (docs/metrics.md, "State API")."""
+    from gpumon.trace.records import job_to_dict  # the state API's: loaded by its first request
+
     host = s.tick.host
     gpus = []
     for g in s.tick.gpus:
