@@ -205,6 +205,8 @@ class Interrupted(Exception):
 
 @dataclass
 class RunResult:
+    """How a command's run ended."""
+
     interrupted: bool
 
 

@@ -96,6 +96,8 @@ class GpuHistory:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class Sampler:
+    """Reads the sources on a fixed grid and keeps each GPU's and the host's recent samples."""
+
     gpu_source: GpuSource
     host_source: HostSourceLike | None
     clock: Clock

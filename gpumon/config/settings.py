@@ -159,6 +159,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 @dataclass(frozen=True)
 class Config:
+    """The daemon's settings, from the file, the environment and the flags (`load`), each checked."""
+
     listen: str = setting(
         f":{DEFAULT_PORT}",
         Spec(

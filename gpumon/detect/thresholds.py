@@ -14,6 +14,8 @@ def _limit(default: Any, low: float, high: float) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
+    """The detector's thresholds; each is checked against its range when made."""
+
     window_s: float = _limit(8.0, 2.0, 600.0)
     """Seconds of sub-second history each verdict looks at: long enough to hold several steps of a
     slow job (and an I/O gap of a second or more), short enough to flag a change within 10 s."""

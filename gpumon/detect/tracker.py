@@ -102,6 +102,8 @@ def waste_share(state: State, evidence: Evidence) -> float:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Open:
+    """The episode under way: its state, cause, start and what it has seen so far."""
+
     state: State
     cause: Cause | None
     start_s: float

@@ -17,6 +17,8 @@ from gpumon.serve.snapshot import Snapshot
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class NvmlFreshness:
+    """When NVML last gave a fresh reading: what /healthz and the watchdog pings go by."""
+
     real_gpus: bool
     """Only real GPUs (NVML) are judged; simulated and replayed ones are always fresh."""
     started_t: float

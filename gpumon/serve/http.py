@@ -104,6 +104,8 @@ BAD_CREDENTIALS_REMEMBERED = 4096
 
 @dataclass
 class Response:
+    """An answer: its status, body, content type and extra headers."""
+
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
@@ -114,6 +116,8 @@ class Response:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class Routes:
+    """What the server answers with: one callable per endpoint, given by the daemon."""
+
     metrics: Callable[[str, bool], tuple[bytes, str, str | None]]
     """(Accept header, gzip accepted) -> (body, content type, content encoding or None)."""
     state: Callable[[], dict[str, Any]]

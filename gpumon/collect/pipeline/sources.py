@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class OpenedSources:
+    """The sources a run reads, once opened, and how to close them."""
+
     gpu: GpuSource
     host: HostSourceLike | None
     description: SourceDescription

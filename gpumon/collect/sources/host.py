@@ -109,6 +109,8 @@ class _Counts:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Tree:
+    """A GPU process and its descendants, with their counters as last read."""
+
     proc: Any
     name: str
     counts: dict[int, _Counts] = field(default_factory=dict)

@@ -162,6 +162,8 @@ def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Cached:
+    """A job file as last read: its mtime, the job it names, and when its holder was last seen."""
+
     mtime_ns: int
     job: MappedJob | None
     alive_checked: float = -math.inf

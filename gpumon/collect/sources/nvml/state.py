@@ -13,6 +13,9 @@ from gpumon.core.model import UtilPoint
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class GpuState:
+    """What the NVML source keeps per GPU between ticks: its handle and identity, the driver's last
+    sample seen, and which of its calls answer."""
+
     index: int = -1
     handle: Any = None
     uuid: str = ""
@@ -25,11 +28,11 @@ class GpuState:
     stale: tuple[int, int] = (0, 0)
     """(last seen timestamp, readings in a row with nothing newer than it): source._stale."""
     below: tuple[int, frozenset[int]] = (0, frozenset())
+    """(last seen timestamp, the samples below it in the driver's ring when last looked at):
+    samples that go on coming below the last seen mean it is ahead of the driver's clock."""
     replayed: frozenset[int] = frozenset()
     """After a clock stepped back was followed: the ring's samples from before the step (stamped
     above the new ones), left out of every reading until they roll out of the ring."""
-    """(last seen timestamp, the samples below it in the driver's ring when last looked at):
-    samples that go on coming below the last seen mean it is ahead of the driver's clock."""
     unsupported: set[str] = field(default_factory=set)
     memory_v1: bool = False
     """nvmlDeviceGetMemoryInfo_v2 is missing: fall back to v1 (whose "used" includes reserved)."""
