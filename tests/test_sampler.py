@@ -49,9 +49,11 @@ class StubHost:
     def __init__(self) -> None:
         self.fail: Exception | None = None
         self.pids_seen: list[list[int]] = []
+        self.polled_at: list[float] = []
 
     def poll(self, t_s: float, gpu_pids: list[int] = ()) -> HostSample | None:
         self.pids_seen.append(list(gpu_pids))
+        self.polled_at.append(t_s)
         if self.fail is not None:
             raise self.fail
         return HostSample(t_s, 8, 0.1, 0.2, 0.0, 1.0, 0.0)
@@ -121,6 +123,35 @@ def test_host_source_is_asked_about_the_gpu_processes() -> None:
     host = StubHost()
     Sampler(StubGpus(clock, n=3), host, clock).tick()
     assert host.pids_seen[-1] == [1000, 1001, 1002]
+
+
+def test_a_first_tick_at_once_leaves_the_host_out_and_reads_its_baseline_a_quarter_later() -> None:
+    """The daemon's first tick comes at once (its first answer as soon as the GPUs are read): the
+    host is not read in it (the real host source loads psutil at its first reading); its baseline
+    is read a quarter of an interval later, with that tick's GPU processes, and the second tick
+    carries the host as before."""
+    clock = VirtualClock(1000.0)
+    host = StubHost()
+    s = Sampler(StubGpus(clock, n=2), host, clock, interval_s=1.0)
+    seen: list[tuple[float, bool, int]] = []
+    s.on_tick.append(lambda t: seen.append((t.t_s, t.host is not None, len(host.polled_at))))
+    s.start(first_tick_s=0.0)
+    s.run(until_s=1002.0)
+    assert seen == [(1000.0, False, 0), (1001.0, True, 2), (1002.0, True, 3)]
+    assert host.polled_at == pytest.approx([1000.25, 1001.0, 1002.0])
+    assert host.pids_seen == [[1000, 1001]] * 3
+
+
+def test_a_first_tick_an_interval_away_reads_the_host_with_it_after_a_baseline() -> None:
+    clock = VirtualClock(1000.0)
+    host = StubHost()
+    s = Sampler(StubGpus(clock, n=1), host, clock, interval_s=1.0)
+    hosts: list[bool] = []
+    s.on_tick.append(lambda t: hosts.append(t.host is not None))
+    s.run(duration_s=2)
+    assert hosts == [True, True]
+    assert host.polled_at == pytest.approx([1000.0, 1001.0, 1002.0])
+    assert host.pids_seen[0] == []  # the baseline, before any GPU was read
 
 
 def test_a_sources_duration_is_its_real_time_not_the_clocks() -> None:

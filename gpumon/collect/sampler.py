@@ -126,6 +126,10 @@ class Sampler:
         self._lock = threading.Lock()
         self._start: float | None = None
         self._k = 1
+        self._host_after_first = False
+        """The first tick, taken at once, leaves the host out; its baseline is read a little after
+        (`_host_baseline`): the daemon's first answer waits neither for that reading nor for what
+        the host source loads at its first (psutil, ~7 ms: pipeline.sources.HostOnFirstPoll)."""
 
     # -- one tick ------------------------------------------------------------------------------
 
@@ -158,8 +162,10 @@ class Sampler:
             errors.append(self.gpu_source.name)
             gpus = []
         host: HostSample | None = None
-        if self.host_source is not None:
-            pids = sorted({p.pid for g in gpus for p in g.processes})
+        if self._host_after_first and self.ticks:
+            self._host_after_first = False  # ticks driven by hand, not by run(): read as before
+        if self.host_source is not None and not self._host_after_first:
+            pids = _pids(gpus)
             ok, host = self._run(self.host_source.name, self.host_source.poll, t, pids)
             if not ok:
                 errors.append(self.host_source.name)
@@ -212,6 +218,8 @@ class Sampler:
             first = self.interval_s if first_tick_s is None else min(first_tick_s, self.interval_s)
             if first >= self.interval_s / 4:
                 self._prime()
+            else:
+                self._host_after_first = self.host_source is not None
             self._start = self.clock.now() + first - self.interval_s
             self._k = 1
 
@@ -264,6 +272,8 @@ class Sampler:
                 return
             self._k += 1  # before the tick: a thread that takes over starts with the next one
             self.tick()
+            if self._host_after_first:
+                self._host_baseline(stop)
             if exhausted is not None and exhausted():
                 return
             due = next_data() if next_data is not None else None
@@ -299,7 +309,28 @@ class Sampler:
         if remaining > 0:
             self.clock.sleep(remaining, stop)
 
+    def _host_baseline(self, stop: threading.Event | None) -> None:
+        """After a first tick taken at once: the host's baseline a quarter of an interval later,
+        with that tick's GPU processes (whose trees the host source then starts to follow), so
+        the second tick's rates are over three quarters of an interval, as ever over more than a
+        quarter of one."""
+        self._host_after_first = False
+        first = self.last_tick
+        if self.host_source is None or first is None:
+            return
+        at = first.t_s + self.interval_s / 4
+        if at > self.clock.now():
+            self.clock.sleep(at - self.clock.now(), stop)
+        if stop is not None and stop.is_set():
+            return
+        self._run(self.host_source.name, self.host_source.poll, self.clock.now(), _pids(first.gpus))
+
     def _prime(self) -> None:
         """A baseline reading for sources that report rates (host CPU, disk)."""
         if self.host_source is not None:
             self._run(self.host_source.name, self.host_source.poll, self.clock.now(), [])
+
+
+def _pids(gpus: Sequence[GpuSample]) -> list[int]:
+    """The processes on these GPUs, each once, in order: what the host source follows."""
+    return sorted({p.pid for g in gpus for p in g.processes})

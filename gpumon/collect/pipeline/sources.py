@@ -5,7 +5,7 @@ themselves (pynvml, psutil) load only when real GPUs are opened (load_pynvml, lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from gpumon.collect.sources.nvml.source import NvmlSource, load_pynvml
 from gpumon.core.clock import Clock
 from gpumon.core.errors import TraceError
 from gpumon.core.guard import CallGuard
+from gpumon.core.model import HostSample
 from gpumon.core.problems import Problems
 
 if TYPE_CHECKING:
@@ -42,6 +43,23 @@ class OpenedSources:
     next_data: Callable[[], float | None] | None = None
     """For a replay: when its next data falls due, so the sampler skips a gap in time proportional
     to the data, not to the gap."""
+
+
+class HostOnFirstPoll:
+    """The real host's source, made at its first poll: psutil (~7 ms to import) and the source's
+    own set-up then come after the daemon's first sample, whose tick leaves the host out
+    (Sampler.start), not before it."""
+
+    name = HostSource.name
+
+    def __init__(self, problems: Problems) -> None:
+        self._problems = problems
+        self._source: HostSource | None = None
+
+    def poll(self, t_s: float, gpu_pids: Iterable[int] = ()) -> HostSample | None:
+        if self._source is None:
+            self._source = HostSource(load_psutil(), self._problems)
+        return self._source.poll(t_s, gpu_pids)
 
 
 def open_sources(
@@ -122,7 +140,7 @@ def _driven(spec: SourceSpec, clock: Clock, problems: Problems) -> OpenedSources
     # the GPU is simulated, the host is not: the job's real processes are read
     return OpenedSources(
         gpu=nvml,
-        host=HostSource(load_psutil(), problems),
+        host=HostOnFirstPoll(problems),
         description=SourceDescription.driven(spec.file, spec.sample_period_s),
         close=nvml.close,
     )
@@ -136,7 +154,7 @@ def _nvml(problems: Problems, retry: bool, gpm: bool = True) -> OpenedSources:
     nvml = NvmlSource(load_pynvml(), problems, guard=guard, retry_init=retry, gpm=gpm)
     return OpenedSources(
         gpu=nvml,
-        host=HostSource(load_psutil(), problems),
+        host=HostOnFirstPoll(problems),
         description=SourceDescription.nvml(),
         close=nvml.close,
         guard=guard,
