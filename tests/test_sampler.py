@@ -45,6 +45,7 @@ class StubGpus:
 
 class StubHost:
     name = "host"
+    first_reading_is_baseline = True
 
     def __init__(self) -> None:
         self.fail: Exception | None = None
@@ -140,6 +141,20 @@ def test_a_first_tick_at_once_leaves_the_host_out_and_reads_its_baseline_a_quart
     assert seen == [(1000.0, False, 0), (1001.0, True, 2), (1002.0, True, 3)]
     assert host.polled_at == pytest.approx([1000.25, 1001.0, 1002.0])
     assert host.pids_seen == [[1000, 1001]] * 3
+
+
+def test_a_replayed_host_is_read_with_a_first_tick_taken_at_once() -> None:
+    """A replay's host gives its recorded sample from the first reading: the first tick keeps it."""
+    clock = VirtualClock(1000.0)
+    host = StubHost()
+    host.first_reading_is_baseline = False
+    s = Sampler(StubGpus(clock, n=1), host, clock, interval_s=1.0)
+    hosts: list[bool] = []
+    s.on_tick.append(lambda t: hosts.append(t.host is not None))
+    s.start(first_tick_s=0.0)
+    s.run(until_s=1001.0)
+    assert hosts == [True, True]
+    assert host.polled_at == pytest.approx([1000.0, 1001.0])
 
 
 def test_a_first_tick_an_interval_away_reads_the_host_with_it_after_a_baseline() -> None:

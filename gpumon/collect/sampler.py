@@ -212,14 +212,16 @@ class Sampler:
         the first tick `first_tick_s` after now (default one interval), the others on its grid.
 
         A first tick sooner than a quarter of the interval (the daemon's: its first /metrics as
-        soon as the GPUs are read) is itself the baseline of rates: its host sample is missing, as
-        a rate over a few milliseconds would be noise (/proc/stat counts in 10 ms ticks)."""
+        soon as the GPUs are read) has no host sample, as a rate over a few milliseconds would be
+        noise (/proc/stat counts in 10 ms ticks): a host whose first reading is only a baseline is
+        read a quarter of an interval after that tick (`_host_baseline`), not in it."""
         if self._start is None:
             first = self.interval_s if first_tick_s is None else min(first_tick_s, self.interval_s)
             if first >= self.interval_s / 4:
                 self._prime()
             else:
-                self._host_after_first = self.host_source is not None
+                # (a replay's host gives its recorded samples from the first: read with the tick)
+                self._host_after_first = getattr(self.host_source, "first_reading_is_baseline", False)
             self._start = self.clock.now() + first - self.interval_s
             self._k = 1
 

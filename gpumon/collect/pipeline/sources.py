@@ -51,6 +51,7 @@ class HostOnFirstPoll:
     (Sampler.start), not before it."""
 
     name = HostSource.name
+    first_reading_is_baseline = HostSource.first_reading_is_baseline
 
     def __init__(self, problems: Problems) -> None:
         self._problems = problems

@@ -356,6 +356,9 @@ def _cpu_s(proc: Any) -> float:
 
 class HostSource:
     name = "host"
+    first_reading_is_baseline = True
+    """Its first reading gives no sample (rates need two): a first tick taken at once leaves it out
+    and reads it a little after (Sampler.start)."""
 
     def __init__(
         self,
