@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpumon.collect.sources.nvml.gpm_unit import METRICS
-from gpumon.collect.sources.nvml.mig import processes_of
+from gpumon.collect.sources.nvml.processes import processes_of
 from gpumon.collect.sources.nvml.source import NvmlSource
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.collect.sources.nvml.xid import XidWatcher

@@ -5,14 +5,11 @@ activity history comes from GPM (gpumon.collect.sources.nvml.gpm)."""
 
 from __future__ import annotations
 
-import operator
-from typing import Any
-
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.gpm import GpmReading
 from gpumon.collect.sources.nvml.reader import device_text, nvml_function
 from gpumon.collect.sources.nvml.state import GpuState
-from gpumon.core.model import GpmActivity, GpuProcess, GpuSample, UtilPoint
+from gpumon.core.model import GpmActivity, GpuSample, UtilPoint
 
 MIG_RESCAN_S = 30.0
 """How often a MIG-enabled GPU's instances are listed again (they change only when reconfigured)."""
@@ -84,7 +81,7 @@ class MigReading(GpmReading):
             name=unit.name,
             mem_used_bytes=None if mem is None else int(mem.used),
             mem_total_bytes=None if mem is None else int(mem.total),
-            processes=processes_of(procs),
+            processes=procs or (),
             util_history=history,
             mig=unit.mig,
             gpm=gpm,
@@ -105,34 +102,3 @@ class MigReading(GpmReading):
             xids=xids,
             last_xid=last_xid,
         )
-
-
-def processes_of(procs: Any) -> tuple[GpuProcess, ...]:
-    """NVML's process entries as GpuProcess values (memory None where not reported). A pid NVML
-    lists twice (a context on each of two MIG instances, say) is one process, its memory summed:
-    gpumon_gpu_processes counts processes, not entries."""
-    if not procs:
-        return ()
-    new = tuple.__new__  # GpuProcess(...) without its Python __new__: once per process per tick
-    out = []
-    for p in procs:
-        mem = getattr(p, "usedGpuMemory", None)
-        out.append(new(GpuProcess, (int(p.pid), None if mem is None else int(mem))))
-    n = len(out)
-    if n > 1 and (out[0][0] == out[1][0] if n == 2 else len(set(map(_pid, out))) < n):
-        return _merged(out)
-    return tuple(out)
-
-
-_pid = operator.itemgetter(0)
-
-
-def _merged(entries: list[GpuProcess]) -> tuple[GpuProcess, ...]:
-    """One GpuProcess per pid, in the order first listed, the memory of its entries summed."""
-    out: dict[int, GpuProcess] = {}
-    for pid, mem in entries:
-        if pid in out:
-            before = out[pid].gpu_mem_bytes
-            mem = before if mem is None else mem if before is None else mem + before
-        out[pid] = GpuProcess(pid, mem)
-    return tuple(out.values())

@@ -9,9 +9,11 @@ from types import ModuleType
 from typing import Any
 
 from gpumon.collect.sources.nvml import codes
+from gpumon.collect.sources.nvml.processes import ProcessLister, process_lister
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.collect.sources.nvml.xid import XidWatcher
 from gpumon.core.guard import CallGuard
+from gpumon.core.model import GpuProcess
 from gpumon.core.problems import Problems
 
 log = logging.getLogger("gpumon.nvml")
@@ -47,6 +49,9 @@ class NvmlReader:
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
         self._xid = XidWatcher(nvml, self._problems)
+        self._lister: ProcessLister | None = None
+        """How a GPU's processes are read (gpumon.collect.sources.nvml.processes): chosen at the
+        first reading, once the driver is open (its function pointers are looked up then)."""
 
     # -- calls that may hang ------------------------------------------------------------------
 
@@ -105,17 +110,24 @@ class NvmlReader:
                 state.memory_v1 = True
         return self._field(state, "memory", nv.nvmlDeviceGetMemoryInfo, state.handle)
 
-    def _processes(self, state: GpuState) -> Any:
-        """The process list can grow between pynvml's two calls (INSUFFICIENT_SIZE): ask again."""
+    def _list_processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        lister = self._lister
+        if lister is None:
+            lister = self._lister = process_lister(self._nvml)
+        return lister(handle)
+
+    def _processes(self, state: GpuState) -> tuple[GpuProcess, ...] | None:
+        """The process list can grow between the driver's calls (INSUFFICIENT_SIZE): ask again."""
         for _ in range(3):
             try:
-                return self._field(
+                procs: tuple[GpuProcess, ...] | None = self._field(
                     state,
                     "processes",
-                    self._nvml.nvmlDeviceGetComputeRunningProcesses,
+                    self._list_processes,
                     state.handle,
                     raise_codes=(codes.INSUFFICIENT_SIZE,),
                 )
+                return procs
             except self._error_type as e:
                 if codes.code_of(e) != codes.INSUFFICIENT_SIZE:
                     raise

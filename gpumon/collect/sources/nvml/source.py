@@ -32,7 +32,7 @@ from typing import Any
 
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.clocks import ClockReading
-from gpumon.collect.sources.nvml.mig import MigReading, processes_of
+from gpumon.collect.sources.nvml.mig import MigReading
 from gpumon.collect.sources.nvml.reader import device_text, nvml_function
 from gpumon.collect.sources.nvml.samples import (
     GPU_UTILIZATION_SAMPLES,
@@ -335,7 +335,7 @@ class NvmlSource(MigReading, ClockReading):
                     tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
                 if state.rest_answered:
                     mem = nv.nvmlDeviceGetMemoryInfo(h, version=self._mem_v2)
-                    procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                    procs = self._list_processes(h)
                     bits = self._clock_fn(h)
                 read = True
             except (self._error_type, TypeError):  # TypeError: a pynvml patched since (gpustat's)
@@ -402,7 +402,7 @@ class NvmlSource(MigReading, ClockReading):
                 None if temp is None else float(temp),
                 rx,
                 tx,
-                processes_of(procs),
+                procs or (),
                 history,
                 None,  # error
                 (),  # jobs
