@@ -243,6 +243,36 @@ def test_a_source_that_asks_is_sampled_between_ticks_on_the_tick_grid() -> None:
     assert gpus.activity == pytest.approx(expected)
 
 
+class SlowHost(StubHost):
+    """A host whose reading takes clock time (the real one's first: psutil's import)."""
+
+    def __init__(self, clock: VirtualClock, cost_s: float) -> None:
+        super().__init__()
+        self.clock, self.cost_s = clock, cost_s
+
+    def poll(self, t_s: float, gpu_pids: list[int] = ()) -> HostSample | None:
+        self.clock.advance(self.cost_s)
+        return super().poll(t_s, gpu_pids)
+
+
+@pytest.mark.parametrize(("interval_s", "host_cost_s"), [(1.0, 0.06), (10.0, 0.0)])
+def test_the_host_baseline_after_a_first_tick_at_once_keeps_the_activity_grid(
+    interval_s: float, host_cost_s: float
+) -> None:
+    """The host's baseline is read in its turn among the steps between the first two ticks: each
+    step is taken on the tick's grid, as between any two ticks (it once slept through them)."""
+    clock = VirtualClock(100.0)
+    gpus = FastStub(clock)
+    host = SlowHost(clock, host_cost_s)
+    s = Sampler(gpus, host, clock, interval_s=interval_s)
+    s.start(first_tick_s=0.0)
+    s.run(until_s=100.0 + 2 * interval_s)
+    steps = round(interval_s / 0.2) - 1
+    expected = [round(100.0 + k * interval_s + j * 0.2, 6) for k in range(2) for j in range(1, steps + 1)]
+    assert gpus.activity == pytest.approx(expected, abs=host_cost_s + 1e-9)
+    assert host.polled_at[0] == pytest.approx(100.0 + interval_s / 4, abs=host_cost_s + 1e-9)
+
+
 def test_failing_steps_between_ticks_are_a_problem_not_a_stop(caplog: pytest.LogCaptureFixture) -> None:
     clock = VirtualClock()
     gpus = FastStub(clock, fail_fast=True)

@@ -274,8 +274,6 @@ class Sampler:
                 return
             self._k += 1  # before the tick: a thread that takes over starts with the next one
             self.tick()
-            if self._host_after_first:
-                self._host_baseline(stop)
             if exhausted is not None and exhausted():
                 return
             due = next_data() if next_data is not None else None
@@ -286,13 +284,21 @@ class Sampler:
         """Sleep until `target`. Meanwhile, where the GPU source asks for it (GPM activity on MIG
         instances, which have no utilization samples: gpumon.collect.sources.nvml.gpm), call its
         `sample_activity` every `activity_period_s` on the tick's grid; the tick itself takes the
-        last of them."""
+        last of them. After a first tick taken at once, the host's baseline in its turn among
+        them (`_host_baseline`)."""
+        host_at = self._host_baseline_at(target)
         period = getattr(self.gpu_source, "activity_period_s", None)
         if not period or period >= self.interval_s:
+            if host_at is not None and not self._host_baseline(host_at, stop):
+                return
             self.clock.sleep(target - self.clock.now(), stop)
             return
         at = target - self.interval_s + period
         while at < target - period / 2:
+            if host_at is not None and host_at <= at:
+                if not self._host_baseline(host_at, stop):
+                    return
+                host_at = None
             now = self.clock.now()
             if at > now:
                 self.clock.sleep(at - now, stop)
@@ -307,25 +313,37 @@ class Sampler:
                         f"source {self.gpu_source.name}: activity sampling between ticks: {e}",
                     )
             at += period
+        if host_at is not None and not self._host_baseline(host_at, stop):
+            return
         remaining = target - self.clock.now()
         if remaining > 0:
             self.clock.sleep(remaining, stop)
 
-    def _host_baseline(self, stop: threading.Event | None) -> None:
-        """After a first tick taken at once: the host's baseline a quarter of an interval later,
-        with that tick's GPU processes (whose trees the host source then starts to follow), so
-        the second tick's rates are over three quarters of an interval, as ever over more than a
-        quarter of one."""
+    def _host_baseline_at(self, target: float) -> float | None:
+        """When the host's baseline is due before the tick at `target`: a quarter of an interval
+        after a first tick taken at once (None: not due, or no longer before that tick, which then
+        reads the host as its baseline itself)."""
+        first = self.last_tick
+        if not self._host_after_first or first is None or self.ticks != 1:
+            return None
+        at = first.t_s + self.interval_s / 4
+        return at if at < target else None
+
+    def _host_baseline(self, at: float, stop: threading.Event | None) -> bool:
+        """After a first tick taken at once: the host's baseline at `at`, with that tick's GPU
+        processes (whose trees the host source then starts to follow), so the second tick's rates
+        are over three quarters of an interval, as ever over more than a quarter of one. False
+        where `stop` was set meanwhile."""
+        now = self.clock.now()
+        if at > now:
+            self.clock.sleep(at - now, stop)
+        if stop is not None and stop.is_set():
+            return False
         self._host_after_first = False
         first = self.last_tick
-        if self.host_source is None or first is None:
-            return
-        at = first.t_s + self.interval_s / 4
-        if at > self.clock.now():
-            self.clock.sleep(at - self.clock.now(), stop)
-        if stop is not None and stop.is_set():
-            return
-        self._run(self.host_source.name, self.host_source.poll, self.clock.now(), _pids(first.gpus))
+        if self.host_source is not None and first is not None:
+            self._run(self.host_source.name, self.host_source.poll, self.clock.now(), _pids(first.gpus))
+        return True
 
     def _prime(self) -> None:
         """A baseline reading for sources that report rates (host CPU, disk)."""

@@ -162,7 +162,8 @@ def parse_cgroup(text: str) -> tuple[str, str | None, int | None] | None:
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class _Cached:
-    """A job file as last read: its mtime, the job it names, and when its holder was last seen."""
+    """A job file as last read: its mtime and the job it names, when that job was last checked for
+    being over, and why it is."""
 
     mtime_ns: int
     job: MappedJob | None
