@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,40 @@ def test_a_driver_that_claims_too_much_or_fails_raises_pynvmls_error_and_reads_n
         lister(object())
     assert e.value.value == code
     assert len(nv.asked) == calls
-    assert max(nv.asked) <= MAX_ENTRIES and len(lister._buffer) <= MAX_ENTRIES  # type: ignore[attr-defined]
+    assert max(nv.asked) <= MAX_ENTRIES and len(lister._local.buffer.array) <= MAX_ENTRIES  # type: ignore[attr-defined]
+
+
+def test_a_thread_abandoned_in_the_call_never_writes_into_its_successors_buffer() -> None:
+    """The supervisor gives up on a thread whose call hangs and reads with another; when the hung
+    call returns at last, the driver writes into the first thread's buffer, not the one the
+    second thread reads."""
+    release, inside = threading.Event(), threading.Event()
+    buffers: dict[str, int] = {}
+
+    class Hanging(Bindings):
+        def _fn(self, handle: object, count_ref: Any, buffer: Any) -> int:
+            me = threading.current_thread().name
+            buffers[me] = ctypes.addressof(buffer)
+            if me == "hung":
+                inside.set()
+                release.wait(10)
+                buffer[0].pid, buffer[0].usedGpuMemory = 1, 1
+            else:
+                buffer[0].pid, buffer[0].usedGpuMemory = 2, 2
+            count_ref._obj.value = 1
+            return 0
+
+    lister = process_lister(Hanging(fits([])))
+    first: list[Any] = []
+    hung = threading.Thread(target=lambda: first.append(lister(object())), name="hung")
+    hung.start()
+    assert inside.wait(10)
+    assert lister(object()) == (GpuProcess(2, 2),)
+    release.set()
+    hung.join(10)
+    assert first == [(GpuProcess(1, 1),)]
+    assert buffers["hung"] != buffers[threading.current_thread().name]
+    assert lister(object()) == (GpuProcess(2, 2),)
 
 
 def test_bindings_without_the_function_pointer_or_the_struct_use_the_wrapper() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,9 +43,20 @@ def process_lister(nvml: Any) -> ProcessLister:
     return lambda handle: processes_of(wrapper(handle))
 
 
+class _Buffer:
+    """One thread's buffer and count: a thread abandoned in a call that hangs (the pipeline's
+    supervisor starts another) may still be written to by the driver when its call returns, and
+    never into the buffer its successor reads."""
+
+    def __init__(self, entry: type[ctypes.Structure], entries: int) -> None:
+        self.array: ctypes.Array[Any] = (entry * entries)()
+        self.address = ctypes.addressof(self.array)
+        self.count = ctypes.c_uint(0)
+        self.count_ref = ctypes.byref(self.count)
+
+
 class _Direct:
-    """nvmlDeviceGetComputeRunningProcesses_v3 into a buffer kept between calls (not thread-safe:
-    a source's GPUs are read by one thread at a time)."""
+    """nvmlDeviceGetComputeRunningProcesses_v3 into a buffer kept between calls, one per thread."""
 
     def __init__(
         self, fn: Any, entry: type[ctypes.Structure], unpack: struct.Struct, error: Callable[[int], Exception]
@@ -54,9 +66,7 @@ class _Direct:
         self._size = ctypes.sizeof(entry)
         self._unpack = unpack
         self._error = error
-        self._count = ctypes.c_uint(0)
-        self._count_ref = ctypes.byref(self._count)
-        self._buffer: ctypes.Array[Any] = (entry * FIRST_ENTRIES)()
+        self._local = threading.local()
 
     @classmethod
     def of(cls, nvml: Any) -> _Direct | None:
@@ -75,23 +85,27 @@ class _Direct:
         return cls(fn, entry, unpack, error)
 
     def __call__(self, handle: Any) -> tuple[GpuProcess, ...]:
+        local = self._local
+        buf: _Buffer | None = getattr(local, "buffer", None)
+        if buf is None:
+            buf = local.buffer = _Buffer(self._entry, FIRST_ENTRIES)
         for _ in range(2):  # a list that grew between the calls: once more with room for it
-            buffer = self._buffer
-            self._count.value = len(buffer)
-            ret = self._fn(handle, self._count_ref, buffer)
-            n = self._count.value
+            room = len(buf.array)
+            buf.count.value = room
+            ret = self._fn(handle, buf.count_ref, buf.array)
+            n = buf.count.value
             if ret == codes.SUCCESS:
                 if n == 0:
                     return ()
-                if n > len(buffer):  # a driver that says it wrote more than it was given room for
+                if n > room:  # a driver that says it wrote more than it was given room for
                     raise self._error(codes.UNKNOWN)
-                raw = ctypes.string_at(ctypes.addressof(buffer), n * self._size)
+                raw = ctypes.string_at(buf.address, n * self._size)
                 return _from_pairs(self._unpack.iter_unpack(raw))
             if ret != codes.INSUFFICIENT_SIZE:
                 raise self._error(ret)
             if n > MAX_ENTRIES:
                 raise self._error(codes.INSUFFICIENT_SIZE)
-            self._buffer = (self._entry * min(MAX_ENTRIES, max(n * 2 + 5, len(buffer))))()
+            buf = local.buffer = _Buffer(self._entry, min(MAX_ENTRIES, max(n * 2 + 5, room)))
         raise self._error(codes.INSUFFICIENT_SIZE)
 
 
