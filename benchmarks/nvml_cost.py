@@ -217,7 +217,7 @@ def mig_child(ticks: int, repeats: int) -> None:
     def second(src: NvmlSource, k: int, fast: bool) -> None:
         for step in range(1, 5):
             if fast:
-                src.sample_fast(t[k] + 0.2 * step)
+                src.sample_activity(t[k] + 0.2 * step)
         t[k] += 1.0
         src.poll(t[k])
 
