@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--quiet-s", type=float, default=30.0)
     args = ap.parse_args()
+    if args.gpus < 4:  # one GPU per simulated scenario at least (gpumon's --simulate says the same)
+        ap.error("--gpus: at least 4, one for each of the 4 simulated scenarios")
     directory = tempfile.mkdtemp(prefix="gpumon-range-api-")
     port = free_port()
     cmd = [sys.executable, "-m", "gpumon", "serve", "--simulate", SCENARIOS, "--gpus", str(args.gpus)]

@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--dir", help="the recording (made here when empty; default: a temporary one)")
     ap.add_argument("--jobs", type=int, default=None, help="analyze --jobs (default: its own)")
     args = ap.parse_args()
+    if args.gpus < 4:  # one GPU per simulated scenario at least (gpumon's --simulate says the same)
+        ap.error("--gpus: at least 4, one for each of the 4 simulated scenarios")
     directory = args.dir or tempfile.mkdtemp(prefix="gpumon-recording-")
     gpumon = [sys.executable, "-m", "gpumon"]
     if not list_segments(directory):

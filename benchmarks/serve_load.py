@@ -152,6 +152,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--slowloris", type=int, default=1000, help="slow connections held open (0: skip)")
     args = ap.parse_args()
+    if min(args.gpus) < 4:  # one GPU per simulated scenario at least (gpumon's --simulate says the same)
+        ap.error("--gpus: at least 4, one for each of the 4 simulated scenarios")
     if args.slowloris:
         for n in args.gpus:
             h = hostile(n, args.slowloris, 300)

@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--scrapes-per-tick", type=float, default=5)
     ap.add_argument("--only", choices=["ticks", "scrapes", "connections"])
     args = ap.parse_args()
+    if args.gpus < 4:  # one GPU per simulated scenario at least (gpumon's --simulate says the same)
+        ap.error("--gpus: at least 4, one for each of the 4 simulated scenarios")
     clock = VirtualClock()
     d = Daemon(
         Config(simulate="healthy,starved-cpu,starved-io,idle", gpus=args.gpus, listen="127.0.0.1:0"),
