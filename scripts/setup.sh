@@ -17,7 +17,9 @@ fi
 extras="${GPUMON_EXTRAS:-}"
 spec="$ROOT"
 [ -n "$extras" ] && spec="$ROOT[$extras]"
-sum=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)
+# The install mode is part of the stamp: a venv installed another way is installed again.
+mode="editable_mode=compat"
+sum=$( (cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml"; echo "$mode") | cksum | cut -d' ' -f1)
 stamp="$VENV/.gpumon-installed-$sum-${extras:-none}"
 if [ ! -e "$stamp" ]; then
   log="$VENV/pip-install.log"
@@ -34,7 +36,11 @@ if [ ! -e "$stamp" ]; then
     pip_install "torch==2.13.0" || fail "installing torch failed"
   fi
   echo "setup: installing gpumon${extras:+[$extras]} into $VENV" >&2
-  pip_install -e "$spec" || fail "installing into $VENV failed"
+  # Editable, as a path in a .pth file (compat) rather than setuptools' default import hook: the
+  # hook's module and what it imports (pathlib, importlib.util: ~10 ms) would be loaded at every
+  # start of every gpumon command, which an installed wheel never pays (the daemon's first sample,
+  # docs/benchmarks.md). The cost: the repository's root is on sys.path, as with `setup.py develop`.
+  pip_install -e "$spec" --config-settings "$mode" || fail "installing into $VENV failed"
   "$VENV/bin/python" -c 'import gpumon, pynvml, psutil, h11' 2>>"$log" || fail "gpumon does not import in $VENV"
   # Stamps of other package definitions are stale; those of other extras stay true (run.sh sets
   # up "plot" and then "plot,bench": neither undoes the other).
