@@ -134,9 +134,25 @@ def main() -> None:
     ap.add_argument("--passes", default="1,2,3,6", help="the straggler's passes, one run each")
     ap.add_argument("--duration", type=int, default=30)
     args = ap.parse_args()
+    if args.ranks < 2:
+        ap.error("--ranks: at least 2 (a straggler and a rank that waits for it)")
+    try:
+        passes_list = [int(p) for p in args.passes.split(",")]
+    except ValueError:
+        ap.error(f"--passes: whole numbers separated by commas, got {args.passes!r}")
+    if not passes_list or min(passes_list) < 1:
+        ap.error(f"--passes: each at least 1, got {args.passes!r}")
+    th = Thresholds()
+    settled_from = th.window_s + th.confirm_s
+    if args.duration <= settled_from:
+        # no second would be settled (a window and the confirmation after a rank's first step)
+        ap.error(
+            f"--duration: more than {settled_from:g} s (the settled part starts that long after the "
+            "first step)"
+        )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpumon-sync-") as tmp:
-        for passes in (int(p) for p in args.passes.split(",")):
+        for passes in passes_list:
             folder = Path(tmp) / f"p{passes}"
             folder.mkdir()
             for row in one_run(folder, args.ranks, passes, args.duration):

@@ -33,3 +33,33 @@ def test_fewer_gpus_than_scenarios_is_refused_in_one_line(argv: list[str]) -> No
     assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.endswith("--gpus: at least 4, one for each of the 4 simulated scenarios"), p.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["bench_onset", "--starved", "10"], "--starved: more than 11 s"),
+        (["bench_onset", "--cases", "starved-cpu,nope"], "--cases: unknown 'nope' (known: starved-cpu,"),
+        (["bench_onset", "--runs", "0"], "--runs: at least 1"),
+        (["sync_boundary", "--duration", "8"], "--duration: more than 11 s"),
+        (["sync_boundary", "--ranks", "1"], "--ranks: at least 2"),
+        (["sync_boundary", "--passes", "1,x"], "--passes: whole numbers separated by commas"),
+        (["sync_boundary", "--passes", "0"], "--passes: each at least 1"),
+    ],
+)
+def test_a_real_job_benchmark_refuses_a_run_it_could_not_judge_in_one_line(
+    argv: list[str], said: str
+) -> None:
+    """bench_onset and sync_boundary train real jobs for minutes; a starved part or a run shorter than
+    a window and its confirmation left nothing judged, and they printed 0% agreement (or nothing)
+    as if measured. They now refuse it before any job starts."""
+    p = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{argv[0]}", *argv[1:]],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    assert said in p.stderr.strip().splitlines()[-1], p.stderr
