@@ -28,9 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.driven import record_bench
+from benchmarks.driven import record_bench, require_judged
 from gpumon.analyze.trace_report import analyze
-from gpumon.detect.thresholds import Thresholds
 
 CASES: dict[str, tuple[tuple[str, ...], str]] = {
     "starved-cpu": (("--pipeline", "starved-cpu"), "cpu"),
@@ -88,14 +87,7 @@ def main() -> None:
         ap.error("--runs: at least 1")
     if args.fed < 1:
         ap.error("--fed: at least 1 s")
-    th = Thresholds()
-    judged_from = th.window_s + th.confirm_s
-    if args.starved <= judged_from:
-        # no second of the starved part would be judged: every run's agreement would read 0%
-        ap.error(
-            f"--starved: more than {judged_from:g} s (a window and the confirmation after the switch "
-            "come before the first second judged)"
-        )
+    require_judged(ap, "--starved", args.starved, "the switch")
     results: dict[str, list[tuple[float | None, float]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="gpumon-onset-") as tmp:
         for run in range(args.runs):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gpumon.detect.thresholds import Thresholds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,3 +41,16 @@ def record_bench(folder: Path, *bench: str) -> tuple[Path, Path, Path]:
     recorder.terminate()
     recorder.communicate(timeout=60)
     return trace, drive, truth
+
+
+def require_judged(ap: argparse.ArgumentParser, flag: str, seconds: float, after: str) -> None:
+    """Refuse (argparse's one line, exit 2) a span no longer than the detector's window and its
+    confirmation: none of its seconds would be judged, and a benchmark run for minutes would report
+    0% or nothing as if it had measured it."""
+    th = Thresholds()
+    least = th.window_s + th.confirm_s
+    if seconds <= least:
+        ap.error(
+            f"{flag}: more than {least:g} s (a window and the confirmation after {after} come before "
+            "the first second judged)"
+        )

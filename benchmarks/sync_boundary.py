@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.driven import require_judged
 from gpumon.analyze.trace_report import analyze
 from gpumon.detect.thresholds import Thresholds
 
@@ -142,14 +143,7 @@ def main() -> None:
         ap.error(f"--passes: whole numbers separated by commas, got {args.passes!r}")
     if not passes_list or min(passes_list) < 1:
         ap.error(f"--passes: each at least 1, got {args.passes!r}")
-    th = Thresholds()
-    settled_from = th.window_s + th.confirm_s
-    if args.duration <= settled_from:
-        # no second would be settled (a window and the confirmation after a rank's first step)
-        ap.error(
-            f"--duration: more than {settled_from:g} s (the settled part starts that long after the "
-            "first step)"
-        )
+    require_judged(ap, "--duration", args.duration, "a rank's first step")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpumon-sync-") as tmp:
         for passes in passes_list:

@@ -22,6 +22,13 @@ from .conftest import ROOT
     ],
 )
 def test_fewer_gpus_than_scenarios_is_refused_in_one_line(argv: list[str]) -> None:
+    last = refusal(argv)
+    assert last.endswith("--gpus: at least 4, one for each of the 4 simulated scenarios"), last
+
+
+def refusal(argv: list[str]) -> str:
+    """Run `python -m benchmarks.ARGV[0] ARGV[1:]`, which must refuse (exit 2, no traceback): its
+    last line on stderr."""
     p = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{argv[0]}", *argv[1:]],
         capture_output=True,
@@ -31,8 +38,7 @@ def test_fewer_gpus_than_scenarios_is_refused_in_one_line(argv: list[str]) -> No
     )
     assert p.returncode == 2, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert last.endswith("--gpus: at least 4, one for each of the 4 simulated scenarios"), p.stderr
+    return p.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -53,13 +59,4 @@ def test_a_real_job_benchmark_refuses_a_run_it_could_not_judge_in_one_line(
     """bench_onset and sync_boundary train real jobs for minutes; a starved part or a run shorter than
     a window and its confirmation left nothing judged, and they printed 0% agreement (or nothing)
     as if measured. They now refuse it before any job starts."""
-    p = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{argv[0]}", *argv[1:]],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "Traceback" not in p.stderr
-    assert said in p.stderr.strip().splitlines()[-1], p.stderr
+    assert said in refusal(argv)
