@@ -141,7 +141,7 @@ def main() -> None:
         passes_list = [int(p) for p in args.passes.split(",")]
     except ValueError:
         ap.error(f"--passes: whole numbers separated by commas, got {args.passes!r}")
-    if not passes_list or min(passes_list) < 1:
+    if min(passes_list) < 1:  # (split gives one item at least; an empty one is no int)
         ap.error(f"--passes: each at least 1, got {args.passes!r}")
     require_judged(ap, "--duration", args.duration, "a rank's first step")
     rows: list[dict[str, Any]] = []

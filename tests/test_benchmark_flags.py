@@ -1,6 +1,7 @@
-"""The benchmarks that simulate one GPU per scenario refuse fewer GPUs than scenarios in one line,
-before they start a daemon (they used to end in a traceback or, through a daemon that refused,
-in "the daemon never held 11 minutes of samples")."""
+"""Benchmarks refuse what they cannot run or judge in one line (exit 2), before they start a daemon or
+a job: fewer GPUs than simulated scenarios (they used to end in a traceback or, through a daemon
+that refused, in "the daemon never held 11 minutes of samples"), and a real job's run too short to
+judge (bench_onset, sync_boundary)."""
 
 from __future__ import annotations
 
