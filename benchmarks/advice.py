@@ -1,6 +1,7 @@
 """What a fix buys, proved on real runs: gpumon's predicted speed-up against the measured one.
 
     .venv/bin/python -m benchmarks.advice [--out DIR] [--only PATTERN,...] [--offline] [--duration 40]
+    .venv/bin/python -m benchmarks.advice --pair TRACE TRUTH AFTER_TRUTH   (a pair run on a real GPU)
 
 The whole matrix, three runs of each setup, takes about 85 minutes on 2 cores; `--offline` re-reads it
 in a second.
@@ -52,7 +53,7 @@ from pathlib import Path
 from benchmarks.driven import record_bench
 from gpumon.analyze.trace_report import Analysis, analyze
 from gpumon.detect.evidence import Evidence
-from gpumon.detect.remedies import NO_GAIN, Advice, Kind
+from gpumon.detect.remedies import NO_GAIN, WORKERS_KNOB, Advice, Kind
 
 PIPELINES = ("starved-cpu", "jpeg", "starved-io")
 WORKERS = (1, 2, 3)
@@ -286,8 +287,60 @@ def next_change(advice: Advice | None) -> float | None:
     return advice.candidates[0].speedup
 
 
+def truth_rate(path: Path, pipeline: str | None = None) -> tuple[float, str] | None:
+    """The median steps per second of a truth file's windows (of `pipeline`'s only, when given),
+    less the first of them (the warm-up), and the pipeline they are of; None: no such windows."""
+    windows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    mine = [w for w in windows if pipeline is None or w.get("pipeline") == pipeline]
+    rates = [w["steps_per_s"] for w in mine[1:] if w.get("steps_per_s")]
+    if not rates:
+        return None
+    return statistics.median(rates), str(mine[0].get("pipeline"))
+
+
+def pair(trace: Path, truth: Path, after: Path) -> str:
+    """A run recorded on a real GPU (`trace`, with its job's `truth`) and the same job with one loader
+    worker more (`after`'s truth): gpumon's predicted speed-up against the measured one
+    (benchmarks/gpu_check.sh). The prediction is what `gpumon analyze` says of GPU 0 (its worst
+    starved episode's advice); `truth` may hold other runs (a fed one first): only the windows of
+    `after`'s pipeline are read."""
+    measured_after = truth_rate(after)
+    if measured_after is None:
+        return f"{after}: no truth windows with steps per second"
+    rate_after, pipeline = measured_after
+    measured_before = truth_rate(truth, pipeline)
+    if measured_before is None:
+        return f"{truth}: no {pipeline} truth windows with steps per second"
+    rate_before = measured_before[0]
+    report = next((g for g in analyze(str(trace)).gpus if g.index == 0), None)
+    if report is None:
+        return f"{trace}: no GPU 0"
+    advice = report.fix
+    predicted = next_change(advice)
+    gain = rate_after / rate_before
+    said = advice.line(WORKERS_KNOB) if advice is not None else "no advice (no starved episode)"
+    lines = [
+        f"gpumon on the {pipeline} run ({report.main_label}): {said}",
+        f"measured: {rate_before:.2f} -> {rate_after:.2f} steps/s with one loader worker more: {gain:.2f}x",
+    ]
+    if predicted is None:
+        lines.append("predicted: none (cannot predict)")
+    else:
+        err = abs(predicted - gain) / gain
+        lines.append(f"predicted for one worker more: {predicted:.2f}x; error {err:.0%}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--pair",
+        nargs=3,
+        type=Path,
+        metavar=("TRACE", "TRUTH", "AFTER_TRUTH"),
+        help="no runs: gpumon's prediction in TRACE (its job's TRUTH) against the speed-up measured in "
+        "AFTER_TRUTH, the same job with one loader worker more (the real-GPU check)",
+    )
     ap.add_argument("--duration", type=float, default=40.0, help="seconds each job trains (default 40)")
     ap.add_argument(
         "--out", "--dir", dest="dir", help="where runs are kept and reused (default: a temporary folder)"
@@ -340,6 +393,12 @@ def main() -> None:
         "may have been given more repeats with --only",
     )
     args = ap.parse_args()
+    if args.pair:
+        for f in args.pair:
+            if not f.is_file():
+                ap.error(f"--pair: {f}: no such file")
+        print(pair(*args.pair))
+        return
     if problem := check_args(args.repeats, args.duration, args.gpu_step_ms):
         sys.exit(f"advice: {problem}")
     chosen = setups()

@@ -26,12 +26,18 @@ nvidia-persistenced, milliseconds): gpumon opens the driver while it imports the
 
 Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <= 1.0.
 Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
+
+--real: the machine's own GPUs through its driver, not the stand-in (benchmarks/gpu_check.sh; --gpus
+does not apply). It also checks, during each round, that gpumon holds nothing on the GPU: the CUDA
+driver (libcuda) is not mapped into its process, and nvidia-smi does not list it as a compute
+process (a CUDA context and its GPU memory would show there).
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import os
 import shutil
 import socket
 import statistics
@@ -118,6 +124,23 @@ def exporters(peer: str | None) -> list[Exporter]:
     return out
 
 
+def footprint(pid: int) -> str:
+    """What the process holds on the GPU, as the driver and the kernel see it (--real)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    cuda = "libcuda mapped" if "libcuda" in maps else "no libcuda mapped"
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{cuda}; nvidia-smi failed: {e}"
+    mine = [line for line in listed.stdout.splitlines() if line.split(",")[0].strip() == str(pid)]
+    return f"{cuda}; " + (f"nvidia-smi lists it: {mine}" if mine else "not a compute process in nvidia-smi")
+
+
 def first_series(port: int, prefix: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
@@ -142,6 +165,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def procs_of(procs: list[tuple[Exporter, subprocess.Popen[bytes]]], name: str) -> int:
+    return next(p.pid for e, p in procs if e.name == name)
 
 
 def time_to_first(e: Exporter, env: dict[str, str], tmp: Path, limit_s: float = 30.0) -> float:
@@ -170,9 +197,11 @@ def main() -> None:
     ap.add_argument(
         "--driver-init-ms", type=float, default=0.0, help="the stand-in's nvmlInit takes this long"
     )
+    ap.add_argument("--real", action="store_true", help="the machine's own GPUs, not the stand-in")
     args = ap.parse_args()
+    if args.real and args.driver_init_ms:
+        ap.error("--driver-init-ms: the stand-in's; not with --real")
     sys.path.insert(0, str(ROOT))
-    from tests.fakenvml import driver
 
     # as pip does at install (a no-op where the bytecode is current)
     compileall.compile_dir(ROOT / "gpumon", quiet=1)
@@ -183,15 +212,21 @@ def main() -> None:
     first: dict[str, list[float]] = {e.name: [] for e in who}
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        config = driver.simulated_config(
-            tmp,
-            "healthy,starved-cpu,starved-io,underutilized",
-            gpus=args.gpus,
-            seconds=300,
-            faults=(f"init_delay_us {round(args.driver_init_ms * 1000)}",) if args.driver_init_ms else (),
-        )
-        env = driver.environment(config, PYTHONPATH=str(ROOT))
-        env.pop("FAKENVML_NOW_US", None)  # the driver's timeline on the real clock
+        if args.real:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        else:
+            from tests.fakenvml import driver
+
+            config = driver.simulated_config(
+                tmp,
+                "healthy,starved-cpu,starved-io,underutilized",
+                gpus=args.gpus,
+                seconds=300,
+                faults=(f"init_delay_us {round(args.driver_init_ms * 1000)}",) if args.driver_init_ms else (),
+            )
+            env = driver.environment(config, PYTHONPATH=str(ROOT))
+            env.pop("FAKENVML_NOW_US", None)  # the driver's timeline on the real clock
         for r in range(args.rounds):
             order = who if r % 2 == 0 else who[::-1]
             procs = [(e, spawn(e, env, tmp)[0]) for e in order]
@@ -206,6 +241,8 @@ def main() -> None:
                         sys.exit(f"serve_idle: {e.name} exited with {p.returncode} during the round")
                     share[e.name].append((run_ns(p.pid) - c0[e.name][0]) / 1e9 / dt)
                     wakes[e.name].append((wakeups(p.pid) - c0[e.name][1]) / dt)
+                if args.real:
+                    print(f"round {r + 1}: gpumon on the GPU: {footprint(procs_of(procs, 'gpumon'))}")
             finally:
                 for _, p in procs:
                     stop(p)
@@ -219,10 +256,8 @@ def main() -> None:
                 first[e.name].append(time_to_first(e, env, tmp))
     med = statistics.median
     init = f", nvmlInit {args.driver_init_ms:g} ms" if args.driver_init_ms else ""
-    print(
-        f"{args.gpus} stand-in GPUs{init}, 1 s cadence, no scraper; medians of {args.rounds} x "
-        f"{args.seconds:g} s:"
-    )
+    gpus = "the machine's GPUs" if args.real else f"{args.gpus} stand-in GPUs"
+    print(f"{gpus}{init}, 1 s cadence, no scraper; medians of {args.rounds} x {args.seconds:g} s:")
     for e in who:
         n = e.name
         idle = (

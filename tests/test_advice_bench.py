@@ -3,6 +3,7 @@ docs/benchmarks.md): the figures the issue's goal is judged by must come out of 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,37 @@ def test_offline_reads_a_folder_of_one_run_a_setup_as_one_run(
     assert read == ["jpeg-w1-h0", "jpeg-w2-h0"]
     out = capsys.readouterr()
     assert "summary: 1 setups" in out.out and "1 run(s) of 3 asked" in out.err
+
+
+def test_a_real_gpu_pair_holds_the_prediction_to_the_measured_gain_of_the_same_pipeline(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/gpu_check.sh's pair (`--pair`): the starved run's truth shares its file with the
+    fed run before it, whose faster windows must not count as "before"; each run's first window
+    (the warm-up) does not count either."""
+    from benchmarks.advice import pair
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.analyze.trace_report import analyze
+    from gpumon.sim.scenarios import parse_scenarios
+
+    trace = tmp_path / "trace.jsonl"
+    case = Case("pair", 0, 1 / 6, 90, 0.05, tuple(parse_scenarios("starved-cpu")))
+    record(case, str(trace))
+    predicted = next_change(analyze(str(trace)).gpus[0].fix)
+    assert predicted is not None and predicted > 1.1
+
+    def truth(path: Path, *windows: tuple[str, float]) -> Path:
+        path.write_text("".join(json.dumps({"pipeline": p, "steps_per_s": r}) + "\n" for p, r in windows))
+        return path
+
+    before = truth(tmp_path / "truth.jsonl", ("fed", 1.0), ("fed", 20.0), ("fed", 20.0),
+                   ("starved-cpu", 9.0), ("starved-cpu", 2.0), ("starved-cpu", 2.0))  # fmt: skip
+    after = truth(tmp_path / "after.jsonl", ("starved-cpu", 9.0), ("starved-cpu", 3.0), ("starved-cpu", 3.0))
+    text = pair(trace, before, after)
+    assert "measured: 2.00 -> 3.00 steps/s with one loader worker more: 1.50x" in text, text
+    err = abs(predicted - 1.5) / 1.5
+    assert f"predicted for one worker more: {predicted:.2f}x; error {err:.0%}" in text, text
+    assert text.startswith("gpumon on the starved-cpu run (starved-cpu): raise"), text
+
+    fed_only = truth(tmp_path / "fed.jsonl", ("fed", 1.0), ("fed", 20.0))
+    assert pair(trace, fed_only, after) == f"{fed_only}: no starved-cpu truth windows with steps per second"

@@ -61,3 +61,10 @@ def test_a_real_job_benchmark_refuses_a_run_it_could_not_judge_in_one_line(
     a window and its confirmation left nothing judged, and they printed 0% agreement (or nothing)
     as if measured. They now refuse it before any job starts."""
     assert said in refusal(argv)
+
+
+def test_a_real_gpu_pair_of_missing_files_is_refused_in_one_line(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("")
+    last = refusal(["advice", "--pair", str(trace), str(tmp_path / "truth.jsonl"), str(trace)])
+    assert last.endswith(f"--pair: {tmp_path / 'truth.jsonl'}: no such file"), last
