@@ -58,6 +58,8 @@ for what, f in (("GPM supported", lambda: n.nvmlGpmQueryDeviceSupport(h).isSuppo
     try: print(what + ":", f())
     except Exception as e: print(what + ":", type(e).__name__, e)'
 "$PY" -m benchmarks.gpm_summary "$OUT/gpu-trace.jsonl" "$OUT/truth.jsonl" || echo "gpu_check: gpm_summary failed"
+echo "== each NVML call's cost on this driver (CPU and wall ms, median of 15)"
+timeout 60 "$PY" -m benchmarks.nvml_calls --calls 15 || echo "gpu_check: nvml_calls failed"
 echo "== NVML and GPM cost per tick on this machine's GPUs (CPU ms, median of 3 x 30 ticks)"
 timeout 120 "$PY" -m benchmarks.nvml_cost --real --ticks 30 --repeats 3 || echo "gpu_check: nvml_cost failed"
 echo "== gpumon serve at rest on the real GPU (issue 29): CPU, wake-ups, first sample, nothing held on the GPU"

@@ -104,6 +104,13 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
     assert len(handles) == GPUS
     last_seen = [0] * GPUS
 
+    pcie = (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+    try:  # as gpumon, the PCIe byte counters only where the driver has them (asked once)
+        pynvml.nvmlDeviceGetFieldValues(handles[0], pcie)
+        counters = True
+    except pynvml.NVMLError:
+        counters = False
+
     def floor() -> list[tuple]:
         # The same calls, and each value read once (getting a value costs its attribute read).
         out = []
@@ -120,8 +127,10 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
                 pynvml.nvmlDeviceGetPowerUsage(h),
                 pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
                 pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
-                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+                [
+                    (v.nvmlReturn, v.timestamp, v.value.ullVal)
+                    for v in (pynvml.nvmlDeviceGetFieldValues(h, pcie) if counters else ())
+                ],
                 pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
                 [(p.pid, p.usedGpuMemory) for p in procs],
             ]

@@ -83,8 +83,12 @@ class CannedNvml:
     def nvmlDeviceGetTemperature(self, h: int, s: int) -> int:
         return 50
 
-    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int:
-        return 1000
+    def nvmlDeviceGetFieldValues(self, h: int, fields: tuple[int, ...]) -> list:
+        now_us = int(self.clock.now() * 1e6)
+        return [
+            SimpleNamespace(fieldId=f, nvmlReturn=0, timestamp=now_us, value=SimpleNamespace(ullVal=now_us))
+            for f in fields
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
         return self.per_gpu[h] if self.per_gpu is not None else self.procs

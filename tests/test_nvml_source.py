@@ -96,9 +96,17 @@ class FakePynvml:
         self._call("nvmlDeviceGetTemperature", h)
         return 55
 
-    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
-        self._call("nvmlDeviceGetPcieThroughput", h)
-        return 1000 if counter == 1 else 10  # KB/s
+    def nvmlDeviceGetFieldValues(self, h: int, fields: tuple[int, ...]) -> list[SimpleNamespace]:
+        """The PCIe byte counters, a second of 10 KB/s out and 1000 KB/s in further at each call."""
+        self._call("nvmlDeviceGetFieldValues", h)
+        n = self.calls["nvmlDeviceGetFieldValues"]
+        per_s = {197: 10 * 1024, 198: 1000 * 1024}
+        return [
+            SimpleNamespace(
+                fieldId=f, nvmlReturn=0, timestamp=n * 1_000_000, value=SimpleNamespace(ullVal=per_s[f] * n)
+            )
+            for f in fields
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
         self._call("nvmlDeviceGetComputeRunningProcesses", h)
@@ -142,7 +150,10 @@ def test_fields_are_read_in_base_units(tick: str) -> None:
     assert g.mem_used_bytes == 70 * 2**30 and g.mem_total_bytes == 141 * 2**30
     assert g.power_w == pytest.approx(350.5) and g.power_limit_w == pytest.approx(700.0)
     assert g.temp_c == 55.0
-    assert g.pcie_rx_bytes_per_s == 1000 * 1024 and g.pcie_tx_bytes_per_s == 10 * 1024
+    if tick == "first":  # a rate needs two readings of the driver's byte counters
+        assert g.pcie_rx_bytes_per_s is None and g.pcie_tx_bytes_per_s is None
+    else:  # the driver's own timestamps, not the tick's: each call is a second further there
+        assert g.pcie_rx_bytes_per_s == 1000 * 1024 and g.pcie_tx_bytes_per_s == 10 * 1024
     assert [(p.pid, p.gpu_mem_bytes) for p in g.processes] == [(4242, 5 * 2**30)]
 
 
@@ -153,7 +164,7 @@ def test_process_memory_the_driver_cannot_tell_is_none() -> None:
 
 def test_unsupported_field_is_none_and_not_asked_again(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakePynvml()
-    fake.unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput"}
+    fake.unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues"}
     src = _source(fake)
     with caplog.at_level(logging.INFO):
         for t in range(5):

@@ -142,6 +142,8 @@ class FakeNvml(GpmMixin):
         self.faults = faults or Faults()
         self.calls: dict[str, int] = {}
         self._initialised = False
+        self._pcie: dict[int, tuple[float, float, float]] = {}
+        """Per GPU: (sim time, tx bytes, rx bytes) at the last reading of its PCIe counters."""
 
     def _check(self, fn: str, gpu: SimGpu | None = None) -> float:
         self.calls[fn] = self.calls.get(fn, 0) + 1
@@ -232,6 +234,31 @@ class FakeNvml(GpmMixin):
         ph = h.phase(t)
         kb_s = h.utilization_now(t) / 100 * 2_000_000 if ph.has_job else 0
         return int(kb_s if counter == 1 else kb_s / 8)  # rx (host to GPU) carries the batches
+
+    def nvmlDeviceGetFieldValues(self, h: SimGpu, field_ids: Any) -> list[Any]:
+        """The PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197, _RX_BYTES 198): the link's
+        bytes so far, at the rates nvmlDeviceGetPcieThroughput gives, over the GPU's busy time
+        since the last reading. Any other field: NOT_SUPPORTED in its own return, as NVML does."""
+        t = self._check("nvmlDeviceGetFieldValues", h)
+        last_t, tx, rx = self._pcie.get(h.index, (t, 0.0, 0.0))
+        if t > last_t and h.phase(t).has_job:
+            kb = h.busy_share(last_t, t) * (t - last_t) * 2_000_000 * 1024
+            rx, tx = rx + kb, tx + kb / 8  # rx (host to GPU) carries the batches
+        self._pcie[h.index] = (t, tx, rx)
+        mig = h.phase(t).mig
+        out = []
+        for fid in field_ids:
+            ok = fid in (197, 198) and not mig
+            value = SimpleNamespace(ullVal=int(tx if fid == 197 else rx) if ok else 0)
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    nvmlReturn=NVML_SUCCESS if ok else NVML_ERROR_NOT_SUPPORTED,
+                    timestamp=round((BOOT_S + t) * 1e6),
+                    value=value,
+                )
+            )
+        return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: SimGpu) -> list[Any]:
         t = self._check("nvmlDeviceGetComputeRunningProcesses", h)

@@ -509,6 +509,57 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned i
     *v = r ? (counter == 1 ? r->rx_kb : r->tx_kb) : 0;
     return NVML_SUCCESS;
 }
+/* nvml.h's nvmlFieldValue_t; the two fields answered are the PCIe byte counters (each row's
+ * KB/s from its time until the next row's, summed, lap after lap when the timeline loops). */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType; /* nvmlValueType_t: 3 = unsigned long long */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+#define FI_PCIE_COUNT_TX_BYTES 197
+#define FI_PCIE_COUNT_RX_BYTES 198
+static double *pcie_sum[MAX_GPUS][2]; /* bytes from the first row to each row, per direction */
+static double pcie_bytes_until(const gpu_t *g, unsigned long long t, int rx) {
+    if (!g->nr || t <= g->r[0].t) return 0;
+    double **sum = &pcie_sum[g - gpus][rx];
+    if (!*sum) { /* once: the timeline does not change after it is loaded */
+        double *s = malloc(g->nr * sizeof(double));
+        if (!s) return 0;
+        s[0] = 0;
+        for (size_t k = 1; k < g->nr; k++)
+            s[k] = s[k - 1] + (rx ? g->r[k - 1].rx_kb : g->r[k - 1].tx_kb) * 1024.0 * (double)(g->r[k].t - g->r[k - 1].t) / 1e6;
+        *sum = s;
+    }
+    size_t lo = 0, hi = g->nr;
+    while (hi - lo > 1) { size_t mid = (lo + hi) / 2; if (g->r[mid].t <= t) lo = mid; else hi = mid; }
+    return (*sum)[lo] + (rx ? g->r[lo].rx_kb : g->r[lo].tx_kb) * 1024.0 * (double)(t - g->r[lo].t) / 1e6;
+}
+static unsigned long long pcie_count(const gpu_t *g, unsigned long long t, int rx) {
+    if (!(loop_timeline && timeline_len)) return (unsigned long long)pcie_bytes_until(g, t, rx);
+    unsigned long long span = timeline_len + 1;
+    return (unsigned long long)((double)(t / span) * pcie_bytes_until(g, span, rx) + pcie_bytes_until(g, t % span, rx));
+}
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    ENTER(d);
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long t = now_us();
+    for (int k = 0; k < count; k++) {
+        nvmlFieldValue_t *v = &values[k];
+        v->timestamp = (long long)realtime_us();
+        v->latencyUsec = 0;
+        unsigned int id = v->fieldId;
+        if ((id != FI_PCIE_COUNT_TX_BYTES && id != FI_PCIE_COUNT_RX_BYTES) || gpus[d->index].is_mig) {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
+        }
+        v->valueType = 3;
+        v->value.ullVal = pcie_count(&gpus[d->index], t, id == FI_PCIE_COUNT_RX_BYTES);
+        v->nvmlReturn = NVML_SUCCESS;
+    }
+    return NVML_SUCCESS;
+}
 nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t d, int *s) { ENTER(d); *s = 0; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *m) { ENTER(d); *m = 1; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t d, int *m) { ENTER(d); *m = 0; return NVML_SUCCESS; }

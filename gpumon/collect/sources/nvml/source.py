@@ -47,8 +47,14 @@ from gpumon.core.model import DeviceInfo, GpuSample, UtilPoint
 from gpumon.core.problems import Problems
 
 TEMPERATURE_GPU = 0
-PCIE_TX, PCIE_RX = 0, 1
-PLAIN_FIELDS = frozenset({"utilization", "power", "power_limit", "temperature", "pcie_rx", "pcie_tx"})
+PCIE_COUNT_TX_BYTES, PCIE_COUNT_RX_BYTES = 197, 198
+"""nvml.h's NVML_FI_DEV_PCIE_COUNT_TX_BYTES and _RX_BYTES: the link's bytes so far, read in one
+nvmlDeviceGetFieldValues call. Never nvmlDeviceGetPcieThroughput: it measures the link over 20 ms
+inside the driver, and on an H200 each call took ~47 ms of CPU (docs/gpu-check.md)."""
+PCIE_FIELDS = (PCIE_COUNT_TX_BYTES, PCIE_COUNT_RX_BYTES)
+PCIE_MAX_BYTES_PER_S = 1e12
+"""Above any PCIe link (a x16 Gen 6 moves ~128 GB/s each way): a counter that jumped is no rate."""
+PLAIN_FIELDS = frozenset({"utilization", "power", "power_limit", "temperature"})
 """Fields read with one call each and no rule of their own: one try covers them all."""
 AHEAD_S = 1.0
 """A utilization sample stamped more than this after the poll (on the sampler's clock) is ahead of
@@ -317,7 +323,7 @@ class NvmlSource(MigReading, ClockReading):
         h = state.handle
         if state.failing:
             state.failing.clear()
-        util = power_mw = limit_mw = temp = rx_kb = tx_kb = None
+        util = power_mw = limit_mw = temp = None
         mem = procs = bits = _UNREAD
         read = False
         if state.plain_answered and not state.failing:
@@ -330,9 +336,6 @@ class NvmlSource(MigReading, ClockReading):
                 power_mw = nv.nvmlDeviceGetPowerUsage(h)
                 limit_mw = nv.nvmlDeviceGetEnforcedPowerLimit(h)
                 temp = nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)
-                if not state.pcie_from_gpm:
-                    rx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_RX)
-                    tx_kb = nv.nvmlDeviceGetPcieThroughput(h, PCIE_TX)
                 if state.rest_answered:
                     mem = nv.nvmlDeviceGetMemoryInfo(h, version=self._mem_v2)
                     procs = self._list_processes(h)
@@ -346,8 +349,6 @@ class NvmlSource(MigReading, ClockReading):
             power_mw = self._field(state, "power", nv.nvmlDeviceGetPowerUsage, h)
             limit_mw = self._field(state, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
             temp = self._field(state, "temperature", nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
-            if not state.pcie_from_gpm:
-                rx_kb, tx_kb = self._pcie_counters(state)
             state.plain_answered = not state.failing and state.unsupported.isdisjoint(PLAIN_FIELDS)
         if mem is _UNREAD:
             mem = self._memory(state)
@@ -367,14 +368,10 @@ class NvmlSource(MigReading, ClockReading):
         rx: float | None
         tx: float | None
         if gpm is not None and gpm.pcie_rx_bytes_per_s is not None and gpm.pcie_tx_bytes_per_s is not None:
-            rx, tx = gpm.pcie_rx_bytes_per_s, gpm.pcie_tx_bytes_per_s  # and so next tick: not asked
-            state.pcie_from_gpm = True
+            rx, tx = gpm.pcie_rx_bytes_per_s, gpm.pcie_tx_bytes_per_s  # the counters: not asked
+            state.pcie_counted = None
         else:
-            if state.pcie_from_gpm:  # not asked, and GPM did not give it this time after all
-                state.pcie_from_gpm = False
-                rx_kb, tx_kb = self._pcie_counters(state)
-            rx = None if rx_kb is None else rx_kb * 1024.0
-            tx = None if tx_kb is None else tx_kb * 1024.0
+            rx, tx = self._pcie_rates(state, t_s)
         clock_bits = self._clock_events(state, t_s, bits)
         if "mig" not in state.unsupported:
             self._scan_migs(state, t_s)
@@ -416,11 +413,35 @@ class NvmlSource(MigReading, ClockReading):
             ),
         )
 
-    def _pcie_counters(self, state: GpuState) -> tuple[Any, Any]:
-        """The driver's PCIe counters (KB/s over its last 20 ms), where GPM gives no PCIe traffic."""
-        nv, h = self._nvml, state.handle
-        rx_kb = self._field(state, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_RX)
-        return rx_kb, self._field(state, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, PCIE_TX)
+    def _pcie_rates(self, state: GpuState, t_s: float) -> tuple[float | None, float | None]:
+        """PCIe traffic where GPM gives none: (rx, tx) bytes a second since the last reading of the
+        driver's byte counters; None on the first reading, after a counter went back, or where the
+        driver has no such counters (not asked again)."""
+        now = self._field(state, "pcie", self._pcie_counts, state.handle, t_s)
+        before, state.pcie_counted = state.pcie_counted, now
+        if now is None or before is None:
+            return None, None
+        tx, rx, stamp_s = now
+        dt = stamp_s - before[2]
+        if dt <= 0 or tx < before[0] or rx < before[1]:
+            return None, None
+        rx_rate, tx_rate = (rx - before[1]) / dt, (tx - before[0]) / dt
+        if max(rx_rate, tx_rate) > PCIE_MAX_BYTES_PER_S:
+            return None, None
+        return rx_rate, tx_rate
+
+    def _pcie_counts(self, handle: Any, t_s: float) -> tuple[int, int, float]:
+        """The link's bytes so far, (tx, rx, when): the driver's timestamp where it gives one (the
+        counters' own time), else the tick's. A field the driver refuses raises its code."""
+        fn = nvml_function(self._nvml, "nvmlDeviceGetFieldValues")
+        if fn is None:
+            raise self._error_type(codes.FUNCTION_NOT_FOUND)
+        tx, rx = fn(handle, PCIE_FIELDS)
+        for v in (tx, rx):
+            if v.nvmlReturn:
+                raise self._error_type(v.nvmlReturn)
+        stamp_us = tx.timestamp
+        return int(tx.value.ullVal), int(rx.value.ullVal), stamp_us / 1e6 if stamp_us > 0 else t_s
 
     def _history(self, state: GpuState, t_s: float) -> tuple[UtilPoint, ...]:
         """The driver's utilization samples since the last tick's, on the sampler's clock."""

@@ -53,9 +53,9 @@ class GpuState:
     mig_checked_t: float | None = None
     gpm: GpmUnit | None = None
     gpm_checked: bool = False
-    pcie_from_gpm: bool = False
-    """GPM gave PCIe traffic on the last tick: this tick takes it from GPM again (its average over
-    the tick) rather than asking the driver's counters (a 20 ms window) for the same figure."""
+    pcie_counted: tuple[int, int, float] | None = None
+    """The driver's PCIe byte counters at the last reading (tx, rx, seconds): the next reading's
+    rates are since then. None where GPM gave the PCIe traffic instead (the counters not read)."""
     activity: GpmUnit | None = None
     """A unit without utilization samples (a MIG instance): GPM's graphics activity sampled
     between ticks too (gpumon.collect.sources.nvml.gpm), each step a point of its activity
