@@ -107,3 +107,19 @@ def test_a_simulated_gpu_step_sleeps_its_time_and_computes_nothing(tmp_path: Pat
     first = truth_windows(truth)[0]
     assert first["steps"] == 40 and first["steps_per_s"] == pytest.approx(8.0)  # 5 s of 0.125 s steps
     assert first["input_share"] == pytest.approx(0.0)
+
+
+def test_the_model_fits_the_device_its_steps_run_on() -> None:
+    """`bench --model auto`: on a GPU the gpu model, whose step is GPU work a fed loader keeps up
+    with (the small one left an H200 95% idle while fed: docs/gpu-check.md); on CPUs, and for a
+    simulated GPU's sleeps, the small one. What is asked is what trains."""
+    from gpumon.bench.job import build_model, model_size
+
+    assert model_size("auto", None) == "small"  # this machine has no GPU
+    assert model_size("auto", 0.1) == "small"
+    assert model_size("gpu", None) == "gpu" and model_size("small", None) == "small"
+    small, gpu = build_model("small"), build_model("gpu")
+    assert gpu.count_params() > 100 * small.count_params()
+    assert gpu.output_shape == small.output_shape
+    with pytest.raises(ValueError, match="unknown model 'huge'"):
+        build_model("huge")

@@ -551,6 +551,7 @@ def test_an_output_that_is_not_a_file_is_refused_at_once(tmp_path: Path, kind: s
         (["--gpu-step-ms", "100", "--save", "m.keras"], {}, "--save"),
         (["--gpu-step-ms", "100"], {"KERAS_BACKEND": "jax"}, "torch backend"),
         (["--gpu-step-ms", "100", "--gpus", "2"], {"KERAS_BACKEND": "jax"}, "torch backend"),
+        (["--gpu-step-ms", "100", "--model", "gpu"], {}, "no model computes"),
     ],
 )
 def test_a_simulated_gpu_step_out_of_range_is_refused_before_anything_starts(

@@ -69,6 +69,8 @@ class RankPlan:
     gpu_step_s: float | None = None
     """Each step's compute a sleep this long instead of forward, backward and step (bench
     --gpu-step-ms: a simulated GPU's compute, off the host's cores); None: the model computes."""
+    model: str = "auto"
+    """The model's size (gpumon.bench.job.MODELS); "auto": "gpu" on CUDA ranks, else "small"."""
 
 
 def _line(fd: int | None, text: str) -> None:
@@ -118,7 +120,8 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
     loader: torch.utils.data.DataLoader[tuple[object, object]] = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=max(1, data.workers), prefetch_factor=2
     )
-    model = build_model()
+    size = plan.model if plan.model != "auto" else "gpu" if cuda and plan.gpu_step_s is None else "small"
+    model = build_model(size)
     model.to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)

@@ -85,6 +85,13 @@ def add_parser(
         "arithmetic: without a GPU, the step then leaves the host's cores to the input pipeline as a "
         "GPU does (nothing is trained; not with --save or KERAS_BACKEND=jax)",
     )
+    s.add_argument(
+        "--model",
+        choices=["auto", "small", "gpu"],
+        default="auto",
+        help="the model's size: small (for CPUs), gpu (~30 GFLOP a sample: a fed job keeps a data-centre "
+        "GPU busy); default auto: gpu where the backend trains on a GPU, else small",
+    )
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
     s.add_argument("--truth", metavar="FILE", help="write the labeled input-bound timeline (ground truth)")
     s.add_argument("--save", metavar="FILE.keras", help="save the trained (template) model")
@@ -119,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--gpu-step-ms trains nothing (each step a sleep): no model to --save")
         if os.environ.get("KERAS_BACKEND", "torch") != "torch":
             raise UsageError("--gpu-step-ms: on the torch backend (KERAS_BACKEND=torch) only")
+        if args.model == "gpu":
+            raise UsageError("--model gpu: not with --gpu-step-ms (each step a sleep: no model computes)")
     if args.gpus != 1 or args.straggler is not None:
         return _run_ranks(args)
     if args.starve_after is not None and not 0 < args.starve_after < args.duration:
@@ -145,12 +154,14 @@ def run(args: argparse.Namespace) -> int:
             starve_after_s=args.starve_after,
             start_delay_s=args.start_delay,
             gpu_step_s=_gpu_step_s(args),
+            model=args.model,
         )
     )
     print(
         f"gpumon bench: {args.pipeline}: {result['steps']:.0f} steps in {result['seconds']:.0f} s "
         f"({result['steps'] / max(result['seconds'], 1e-9):.1f} steps/s) on {result['gpus']:.0f} "
-        f"device(s), batch {result['batch']:.0f}, {result['workers']:.0f} loader worker(s)",
+        f"device(s), batch {result['batch']:.0f}, {result['workers']:.0f} loader worker(s), "
+        f"{result['model']} model",
         file=sys.stderr,
     )
     return EXIT_OK
@@ -241,6 +252,7 @@ def _run_ranks(args: argparse.Namespace) -> int:
         verbose=0 if args.quiet else 1,
         save=args.save,
         gpu_step_s=_gpu_step_s(args),
+        model=args.model,
         **({"straggler_passes": passes} if passes is not None else {}),
     )
     if args.drive:  # the GPUs exist before the ranks start on them (their start-up is not work)
