@@ -113,9 +113,18 @@ def test_the_model_fits_the_device_its_steps_run_on() -> None:
     """`bench --model auto`: on a GPU the gpu model, whose step is GPU work a fed loader keeps up
     with (the small one left an H200 95% idle while fed: docs/gpu-check.md); on CPUs, and for a
     simulated GPU's sleeps, the small one. What is asked is what trains."""
+    import torch
+
     from gpumon.bench.job import build_model, model_size
 
     assert model_size("auto", None) == "small"  # this machine has no GPU
+    cuda = torch.cuda.is_available
+    try:  # as on a GPU machine: Keras's torch backend lists no devices; torch is asked
+        torch.cuda.is_available = lambda: True
+        assert model_size("auto", None) == "gpu"
+        assert model_size("auto", 0.1) == "small"  # a simulated GPU's sleeps compute nothing
+    finally:
+        torch.cuda.is_available = cuda
     assert model_size("auto", 0.1) == "small"
     assert model_size("gpu", None) == "gpu" and model_size("small", None) == "small"
     small, gpu = build_model("small"), build_model("gpu")

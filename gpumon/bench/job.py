@@ -448,6 +448,11 @@ def model_size(asked: str, gpu_step_s: float | None) -> str:
 
 
 def _on_gpu() -> bool:
+    if keras.backend.backend() == "torch":
+        # Keras's torch backend has no device listing (keras.distribution raises there): torch's own
+        import torch
+
+        return bool(torch.cuda.is_available())
     try:
         return bool(keras.distribution.list_devices("gpu"))
     except Exception:  # JAX without a GPU platform says so by raising
