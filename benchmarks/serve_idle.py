@@ -127,7 +127,9 @@ def exporters(peer: str | None) -> list[Exporter]:
 def footprint(pid: int) -> str:
     """What the process holds on the GPU, as the driver and the kernel see it (--real)."""
     maps = Path(f"/proc/{pid}/maps").read_text()
-    cuda = "libcuda mapped" if "libcuda" in maps else "no libcuda mapped"
+    # which file: on the H200 (2026-12-04) "libcuda" was in gpumon's maps, no file named
+    mapped = sorted({line.split()[-1] for line in maps.splitlines() if "libcuda" in line})
+    cuda = f"mapped: {', '.join(mapped)}" if mapped else "no libcuda mapped"
     try:
         listed = subprocess.run(
             ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
@@ -165,10 +167,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def procs_of(procs: list[tuple[Exporter, subprocess.Popen[bytes]]], name: str) -> int:
-    return next(p.pid for e, p in procs if e.name == name)
 
 
 def time_to_first(e: Exporter, env: dict[str, str], tmp: Path, limit_s: float = 30.0) -> float:
@@ -242,7 +240,8 @@ def main() -> None:
                     share[e.name].append((run_ns(p.pid) - c0[e.name][0]) / 1e9 / dt)
                     wakes[e.name].append((wakeups(p.pid) - c0[e.name][1]) / dt)
                 if args.real:
-                    print(f"round {r + 1}: gpumon on the GPU: {footprint(procs_of(procs, 'gpumon'))}")
+                    for e, p in procs:
+                        print(f"round {r + 1}: {e.name} on the GPU: {footprint(p.pid)}")
             finally:
                 for _, p in procs:
                     stop(p)
