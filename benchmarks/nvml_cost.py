@@ -8,7 +8,10 @@ time.process_time (sleeps do not count), median of --repeats runs of --ticks tic
 
   floor            the same pynvml calls gpumon makes, in a bare loop (handles cached,
                    last-seen sample timestamps tracked), each value read once into a tuple:
-                   the least any program must do to get these numbers
+                   the least any program must do to get these numbers. Since 2026-12-04 the
+                   samples in one driver call into a kept buffer and PCIe from the byte counters,
+                   as gpumon reads them (before: pynvml's two-call wrapper, and the driver's 20 ms
+                   PCIe window, which blocked 21 ms a call on an H200: docs/gpu-check.md)
   gpumon           NvmlSource.poll as every command runs it on real GPUs: each call that may
                    hang bracketed by the guard (gpumon.core.guard), on a thread a supervisor watches
                    with a 1 s deadline (the whole measurement runs on that thread)
@@ -38,6 +41,7 @@ each GPM read takes a sample (NVML's samples must be more than 100 ms apart).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import subprocess
@@ -111,6 +115,12 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
     except pynvml.NVMLError:
         counters = False
 
+    get_samples = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    buffer = (pynvml.c_nvmlSample_t * 128)()
+    kind, count = ctypes.c_uint(0), ctypes.c_uint(0)
+    kind_ref, count_ref = ctypes.byref(kind), ctypes.byref(count)
+    utilization = ctypes.c_uint(pynvml.NVML_GPU_UTILIZATION_SAMPLES)
+
     def floor() -> list[tuple]:
         # The same calls, and each value read once (getting a value costs its attribute read).
         out = []
@@ -134,12 +144,13 @@ def child(ticks: int, repeats: int, peers: bool) -> None:
                 pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
                 [(p.pid, p.usedGpuMemory) for p in procs],
             ]
-            try:
-                _, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen[i])
+            # the samples in one driver call into a kept buffer, as gpumon reads them (pynvml's
+            # wrapper makes two: the count, then the samples)
+            count.value = len(buffer)
+            if not get_samples(h, utilization, ctypes.c_ulonglong(last_seen[i]), kind_ref, count_ref, buffer):
+                samples = buffer[0 : count.value]
                 last_seen[i] = samples[-1].timeStamp
                 values.append([(s.timeStamp, s.sampleValue.uiVal) for s in samples])
-            except pynvml.NVMLError_NotFound:
-                pass
             out.append(tuple(values))
         return out
 

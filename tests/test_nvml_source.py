@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -349,3 +350,44 @@ def test_driver_samples_read_from_pynvml_s_array_equal_the_field_by_field_readin
     # the simulator's look-alike samples (plain objects) are read field by field
     fake = [SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(**{field: value})) for t in (5, 6)]
     assert fresh_pairs(value_type, fake, 5) == [(6, value)]
+
+
+def test_samples_are_one_driver_call_and_a_full_buffer_is_read_again_whole() -> None:
+    """DirectSamples calls the driver once into its buffer; a reading that fills the buffer may
+    have left samples out, and is read again through the wrapper, which sizes its array."""
+    import ctypes
+
+    from gpumon.collect.sources.nvml.samples import SAMPLES_ROOM, DirectSamples
+
+    class Sample(ctypes.Structure):
+        _fields_ = [("timeStamp", ctypes.c_ulonglong), ("sampleValue", ctypes.c_ulonglong)]
+
+    calls: list[int] = []
+    waiting = [3]
+
+    def fn(handle: Any, kind: Any, last: Any, value_type: Any, count: Any, array: Any) -> int:
+        calls.append(last.value)
+        n = min(waiting[0], ctypes.cast(count, ctypes.POINTER(ctypes.c_uint)).contents.value)
+        for k in range(n):
+            array[k].timeStamp, array[k].sampleValue = last.value + k + 1, 40
+        ctypes.cast(count, ctypes.POINTER(ctypes.c_uint)).contents.value = n
+        ctypes.cast(value_type, ctypes.POINTER(ctypes.c_uint)).contents.value = 1
+        return 0 if n else 6
+
+    wrapped: list[int] = []
+    bindings = SimpleNamespace(
+        _nvmlGetFunctionPointer=lambda name: fn,
+        c_nvmlSample_t=Sample,
+        NVMLError=NVMLError,
+        nvmlDeviceGetSamples=lambda h, kind, last: wrapped.append(last) or (1, ["whole"]),
+    )
+    read = DirectSamples.of(bindings)
+    assert read is not None
+    kind, raw = read(0, 1, 100)
+    assert kind == 1 and [s.timeStamp for s in raw] == [101, 102, 103] and calls == [100] and not wrapped
+    waiting[0] = 0
+    with pytest.raises(NVMLError) as e:
+        read(0, 1, 103)
+    assert e.value.value == 6  # NOT_FOUND, as pynvml raises it
+    waiting[0] = SAMPLES_ROOM + 50
+    assert read(0, 1, 0) == (1, ["whole"]) and wrapped == [0]

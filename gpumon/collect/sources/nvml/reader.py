@@ -10,6 +10,7 @@ from typing import Any
 
 from gpumon.collect.sources.nvml import codes
 from gpumon.collect.sources.nvml.processes import ProcessLister, process_lister
+from gpumon.collect.sources.nvml.samples import SamplesReader, samples_reader
 from gpumon.collect.sources.nvml.state import GpuState
 from gpumon.collect.sources.nvml.xid import XidWatcher
 from gpumon.core.guard import CallGuard
@@ -52,6 +53,9 @@ class NvmlReader:
         self._lister: ProcessLister | None = None
         """How a GPU's processes are read (gpumon.collect.sources.nvml.processes): chosen at the
         first reading, once the driver is open (its function pointers are looked up then)."""
+        self._sampler: SamplesReader | None = None
+        """How a GPU's utilization samples are read (gpumon.collect.sources.nvml.samples), chosen
+        as the process list's way is."""
 
     # -- calls that may hang ------------------------------------------------------------------
 
@@ -115,6 +119,12 @@ class NvmlReader:
         if lister is None:
             lister = self._lister = process_lister(self._nvml)
         return lister(handle)
+
+    def _read_samples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
+        reader = self._sampler
+        if reader is None:
+            reader = self._sampler = samples_reader(self._nvml)
+        return reader(handle, sampling_type, last_seen_us)
 
     def _processes(self, state: GpuState) -> tuple[GpuProcess, ...] | None:
         """The process list can grow between the driver's calls (INSUFFICIENT_SIZE): ask again."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpumon.core.model import UtilPoint
@@ -103,3 +104,77 @@ def to_points(fresh: list[tuple[int, int]], offset_s: float) -> list[UtilPoint]:
         new(UtilPoint, (round(ts + offset_us) / 1e6, v / 100.0 if 0 <= v <= 100 else float(v > 0)))
         for ts, v in fresh
     ]
+
+
+SAMPLES_ROOM = 128
+"""Samples one direct call has room for: a tick's ~6 new ones, or a whole ring (the driver keeps
+~120 at 1/6 s). A call that fills it may have left some out: the wrapper reads it again."""
+
+SamplesReader = Callable[[Any, int, int], tuple[int, Sequence[Any]]]
+"""(handle, sampling type, last seen µs) -> (value type, samples), as pynvml's
+nvmlDeviceGetSamples; raises the bindings' NVMLError as it does."""
+
+
+def samples_reader(nvml: Any) -> SamplesReader:
+    """The cheapest way these bindings read a GPU's samples: one driver call into a buffer kept
+    between ticks (DirectSamples), or pynvml's wrapper."""
+    direct = DirectSamples.of(nvml)
+    return direct if direct is not None else nvml.nvmlDeviceGetSamples
+
+
+class DirectSamples:
+    """nvmlDeviceGetSamples called once per reading, into a buffer of SAMPLES_ROOM samples that
+    lives as long as the source (one per thread, as the process list's). pynvml's wrapper calls the
+    driver twice (the count, then the samples into a new array); nvml.h says the call fills as many
+    as the buffer holds and sets the count to those. On an H200 one call cost 2.6 ms of CPU
+    (docs/gpu-check.md); the stand-in's, microseconds."""
+
+    def __init__(
+        self, fn: Any, sample: type[ctypes.Structure], error: Callable[[int], Exception], wrapper: Any
+    ):
+        self._fn = fn
+        self._sample = sample
+        self._error = error
+        self._wrapper = wrapper
+        self._local = threading.local()
+
+    @classmethod
+    def of(cls, nvml: Any) -> DirectSamples | None:
+        pointer = getattr(nvml, "_nvmlGetFunctionPointer", None)
+        sample = getattr(nvml, "c_nvmlSample_t", None)
+        error = getattr(nvml, "NVMLError", None)
+        wrapper = getattr(nvml, "nvmlDeviceGetSamples", None)
+        if pointer is None or error is None or wrapper is None or not isinstance(sample, type):
+            return None
+        if not issubclass(sample, ctypes.Structure) or ctypes.sizeof(sample) != SAMPLE_BYTES:
+            return None
+        try:
+            fn = pointer("nvmlDeviceGetSamples")
+        except Exception:  # not in this driver, or not initialized: the wrapper says so when called
+            return None
+        return cls(fn, sample, error, wrapper)
+
+    def __call__(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Sequence[Any]]:
+        local = self._local
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            array = (self._sample * SAMPLES_ROOM)()
+            value_type, count = ctypes.c_uint(0), ctypes.c_uint(0)
+            buf = local.buf = (array, value_type, count, ctypes.byref(value_type), ctypes.byref(count))
+        array, value_type, count, value_type_ref, count_ref = buf
+        count.value = SAMPLES_ROOM
+        ret = self._fn(
+            handle,
+            ctypes.c_uint(sampling_type),
+            ctypes.c_ulonglong(last_seen_us),
+            value_type_ref,
+            count_ref,
+            array,
+        )
+        if ret:
+            raise self._error(ret)
+        n = count.value
+        if n >= SAMPLES_ROOM:  # full: there may be more than it held; the wrapper sizes its array
+            result: tuple[int, Sequence[Any]] = self._wrapper(handle, sampling_type, last_seen_us)
+            return result
+        return value_type.value, array[0:n]

@@ -448,9 +448,7 @@ class NvmlSource(MigReading, ClockReading):
         if "samples" in state.unsupported:
             return ()
         try:
-            value_type, raw = self._nvml.nvmlDeviceGetSamples(
-                state.handle, GPU_UTILIZATION_SAMPLES, state.last_seen_ts_us
-            )
+            value_type, raw = self._read_samples(state.handle, GPU_UTILIZATION_SAMPLES, state.last_seen_ts_us)
         except self._error_type as e:
             code = codes.code_of(e)
             if code == codes.NOT_FOUND:  # nothing newer than last seen: an idle or quiet GPU
@@ -511,7 +509,7 @@ class NvmlSource(MigReading, ClockReading):
         if r or (k & (k - 1) if n < STALE_PROBE_MAX_POLLS else n % STALE_PROBE_MAX_POLLS):
             return ()
         try:
-            value_type, raw = self._nvml.nvmlDeviceGetSamples(state.handle, GPU_UTILIZATION_SAMPLES, 0)
+            value_type, raw = self._read_samples(state.handle, GPU_UTILIZATION_SAMPLES, 0)
         except self._error_type:
             return ()  # an empty ring (NOT_FOUND), or a failure that the next reading tells
         ring = fresh_pairs(value_type, raw, 0)
