@@ -391,3 +391,49 @@ def test_samples_are_one_driver_call_and_a_full_buffer_is_read_again_whole() -> 
     assert e.value.value == 6  # NOT_FOUND, as pynvml raises it
     waiting[0] = SAMPLES_ROOM + 50
     assert read(0, 1, 0) == (1, ["whole"]) and wrapped == [0]
+
+
+class CountersDriver(FakePynvml):
+    """GPU 0's PCIe byte counters as the test scripts them: (return, tx, rx, timestamp µs) per call."""
+
+    def __init__(self, script: list[tuple[int, int, int, int]]) -> None:
+        super().__init__()
+        self.script = script
+
+    def nvmlDeviceGetFieldValues(self, h: int, fields: tuple[int, ...]) -> list[SimpleNamespace]:
+        self._call("nvmlDeviceGetFieldValues", h)
+        ret, tx, rx, ts = self.script.pop(0) if h == 0 else (3, 0, 0, 0)
+        return [
+            SimpleNamespace(fieldId=f, nvmlReturn=ret, timestamp=ts, value=SimpleNamespace(ullVal=v))
+            for f, v in zip(fields, (tx, rx))
+        ]
+
+
+def test_pcie_counters_that_go_back_jump_or_stand_still_give_no_rate() -> None:
+    """The driver's cumulative byte counters, as a GPU reset, a wrap or a glitching driver leave
+    them: a rate only from two readings that make one, never a negative or absurd figure."""
+    second = 1_000_000
+    script = [
+        (0, 0, 0, 1 * second),
+        (0, 1000, 4000, 2 * second),  # 1000 B/s out, 4000 in
+        (0, 500, 100, 3 * second),  # went back (a reset): no rate, and the next is from here
+        (0, 1500, 2100, 4 * second),
+        (0, 1500 + 10**15, 2100, 5 * second),  # 1 PB in a second: no link moves that
+        (0, 1500 + 10**15, 2100, 5 * second),  # the same timestamp again: no time passed
+        (0, 1500 + 10**15 + 8, 2100 + 16, 7 * second),
+    ]
+    src = _source(CountersDriver(script))
+    got = [(g.pcie_rx_bytes_per_s, g.pcie_tx_bytes_per_s) for g in (src.poll(float(t))[0] for t in range(7))]
+    assert got == [(None, None), (4000.0, 1000.0), (None, None), (2000.0, 1000.0), (None, None),
+                   (None, None), (8.0, 4.0)]  # fmt: skip
+
+
+def test_pcie_counters_a_driver_refuses_are_not_asked_again() -> None:
+    """A field the driver does not have answers NOT_SUPPORTED in its own return, with the call's
+    return SUCCESS (nvml.h): no figure, no log line, and the call is not made again."""
+    fake = CountersDriver([(3, 0, 0, 0)] * 5)
+    src = _source(fake)
+    for t in range(5):
+        g = src.poll(float(t))[0]
+    assert g.pcie_rx_bytes_per_s is None and g.util_ratio is not None
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # once per GPU
