@@ -408,10 +408,11 @@ def _stop_hogs(pids: list[int]) -> None:
 
 MODELS = ("small", "gpu")
 """small: a few MFLOP a sample, for CPUs (and simulated GPUs, whose steps are sleeps); gpu: three
-512-channel convolutions at full resolution (~30 GFLOP a sample, forward and backward), so that a
-fed job keeps a data-centre GPU busy. On an H200 the small model's step is ~0.1 ms of GPU work
-against ~10 ms of Keras's own host work per step: fed at batch 64, the GPU idled 95% of the time,
-and starved, NVML's utilization read 0% (docs/gpu-check.md)."""
+1024-channel convolutions at full resolution (~115 GFLOP a sample, forward and backward: ~7 TFLOP a
+step at batch 64, some 25 ms of an H200 in TF32), so that a fed job keeps a data-centre GPU busy
+beyond Keras's ~10 ms of host work a step. On an H200 the small model's step was ~0.5 ms of GPU
+work: fed at batch 64, the GPU idled 95% of the time, and starved, NVML's utilization read 0%
+(docs/gpu-check.md). Not yet run on a GPU."""
 
 
 def build_model(size: str = "small") -> keras.Model:
@@ -419,9 +420,9 @@ def build_model(size: str = "small") -> keras.Model:
         return keras.Sequential(
             [
                 keras.Input(IMAGE),
-                keras.layers.Conv2D(512, 3, padding="same", activation="relu"),
-                keras.layers.Conv2D(512, 3, padding="same", activation="relu"),
-                keras.layers.Conv2D(512, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(1024, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(1024, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(1024, 3, padding="same", activation="relu"),
                 keras.layers.GlobalAveragePooling2D(),
                 keras.layers.Dense(CLASSES),
             ]

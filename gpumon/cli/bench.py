@@ -89,7 +89,7 @@ def add_parser(
         "--model",
         choices=["auto", "small", "gpu"],
         default="auto",
-        help="the model's size: small (for CPUs), gpu (~30 GFLOP a sample: a fed job keeps a data-centre "
+        help="the model's size: small (for CPUs), gpu (~115 GFLOP a sample: a fed job keeps a data-centre "
         "GPU busy); default auto: gpu where the backend trains on a GPU, else small",
     )
     s.add_argument("--drive", metavar="FILE", help="write each step's busy interval, for a simulated GPU")
