@@ -52,6 +52,7 @@ from pathlib import Path
 
 from benchmarks.driven import record_bench
 from gpumon.analyze.trace_report import Analysis, analyze
+from gpumon.core.errors import GpumonError
 from gpumon.detect.evidence import Evidence
 from gpumon.detect.remedies import NO_GAIN, WORKERS_KNOB, Advice, Kind
 
@@ -287,10 +288,28 @@ def next_change(advice: Advice | None) -> float | None:
     return advice.candidates[0].speedup
 
 
+TRUTH_MAX_BYTES = 16 * 2**20
+"""A bench job's truth file holds a window every 5 s (~200 bytes): hours of them fit many times over."""
+
+
 def truth_rate(path: Path, pipeline: str | None = None) -> tuple[float, str] | None:
     """The median steps per second of a truth file's windows (of `pipeline`'s only, when given),
     less the first of them (the warm-up), and the pipeline they are of; None: no such windows."""
-    windows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    windows = []
+    with path.open("rb") as f:
+        text = f.read(TRUTH_MAX_BYTES + 1)
+    if len(text) > TRUTH_MAX_BYTES:
+        raise ValueError(f"{path}: over {TRUTH_MAX_BYTES // 2**20} MiB: not a bench job's truth file")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            w = json.loads(line)
+        except ValueError:
+            w = None
+        if not isinstance(w, dict) or not isinstance(w.get("steps_per_s", 0), int | float | None):
+            raise ValueError(f"{path}:{n}: not a truth window (bench --truth writes a JSON object a line)")
+        windows.append(w)
     mine = [w for w in windows if pipeline is None or w.get("pipeline") == pipeline]
     rates = [w["steps_per_s"] for w in mine[1:] if w.get("steps_per_s")]
     if not rates:
@@ -397,7 +416,13 @@ def main() -> None:
         for f in args.pair:
             if not f.is_file():
                 ap.error(f"--pair: {f}: no such file")
-        print(pair(*args.pair))
+        try:
+            print(pair(*args.pair))
+        except ValueError as e:
+            ap.error(f"--pair: {e}")
+        except GpumonError as e:  # a trace gpumon cannot read: its own line and exit code
+            print(f"advice: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
         return
     if problem := check_args(args.repeats, args.duration, args.gpu_step_ms):
         sys.exit(f"advice: {problem}")

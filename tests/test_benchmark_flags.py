@@ -68,3 +68,25 @@ def test_a_real_gpu_pair_of_missing_files_is_refused_in_one_line(tmp_path) -> No
     trace.write_text("")
     last = refusal(["advice", "--pair", str(trace), str(tmp_path / "truth.jsonl"), str(trace)])
     assert last.endswith(f"--pair: {tmp_path / 'truth.jsonl'}: no such file"), last
+
+
+def test_a_real_gpu_pair_with_a_line_that_is_no_truth_window_names_it(tmp_path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    truth.write_text('{"pipeline": "starved-cpu", "steps_per_s": 6.1}\n\n["not", "a", "window"]\n')
+    last = refusal(["advice", "--pair", str(truth), str(truth), str(truth)])
+    assert last.endswith(f"--pair: {truth}:3: not a truth window (bench --truth writes a JSON object a line)")
+
+
+def test_a_real_gpu_pair_whose_trace_gpumon_cannot_read_says_so_with_its_exit_code(tmp_path) -> None:
+    trace, truth = tmp_path / "trace.jsonl", tmp_path / "truth.jsonl"
+    trace.write_text("")
+    truth.write_text('{"pipeline": "starved-cpu", "steps_per_s": 6.1}\n' * 2)
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.advice", "--pair", str(trace), str(truth), str(truth)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert p.returncode == 4, p.stderr  # gpumon's exit code for a trace it cannot read
+    assert p.stderr.strip() == f"advice: {trace}: empty file: not a gpumon trace"
