@@ -65,6 +65,16 @@ def ev(**kw) -> Evidence:
             "healthy",
         ),
         (ev(duty_cycle=0.0, recent_duty=0.0), None, "stalled"),
+        # next to nothing runs while a loader worker runs flat out: starved by it, not stalled (a
+        # hung job's workers fill their queue and idle); the training process pinned with no
+        # workers feeding is a checkpoint or a loop, and stays stalled
+        (
+            ev(duty_cycle=0.005, recent_duty=0.005, busiest_child_cpu_cores=1.0, loader_workers=1),
+            None,
+            "starved-cpu",
+        ),
+        (ev(duty_cycle=0.0, recent_duty=0.0, main_cpu_cores=1.0, loader_workers=0), None, "stalled"),
+        (ev(duty_cycle=0.0, recent_duty=0.0, busiest_child_cpu_cores=0.5), None, "stalled"),
         (ev(duty_cycle=1.0, power_ratio=0.15), None, "sync-stall"),
         (ev(duty_cycle=1.0, power_ratio=0.8), None, "healthy"),
         (ev(duty_cycle=1.0, power_ratio=None), None, "healthy"),  # no power reading: no sync verdict

@@ -88,6 +88,31 @@ def test_a_young_job_that_ran_kernels_and_stops_is_stalled_not_starting(tmp_path
     assert labels(a, 1) == ["stalled"], labels(a, 1)
 
 
+def test_a_job_whose_loader_crawls_is_starved_not_stalled(tmp_path: Path) -> None:
+    """Kernels too few to show in NVML's utilization (an H200 running a small model fed by one
+    busy worker: 0-1%, docs/gpu-check.md) while the loader worker runs flat out: the job is starved
+    by its input, not hung, and the critical `stalled` alert must not fire on it. A job that hangs
+    (its workers idle) is stalled as before."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    crawl = replace(sc.STARVED_CPU, compute_s=0.001, wait_s=0.3, main_cpu=0.15, workers=1, worker_cpu=1.0)
+    life = sc.Scenario(
+        "crawl",
+        "trains, then its loader crawls",
+        ((0.0, sc.HEALTHY), (30.0, crawl)),  # type: ignore[arg-type]
+        ((0.0, "healthy"), (30.0, "starved")),
+    )
+    trace = tmp_path / "crawl.jsonl"
+    record(Case("crawl", 0, 1 / 6, 90, 0.05, (life, sc.SCENARIOS["stalled"])), str(trace))
+    a = analyze(str(trace))
+    crawling = [e for e in a.gpus[0].episodes if e.start_s >= 30 and e.state != "unknown"]
+    assert crawling and all(e.label == "starved-cpu" for e in crawling), labels(a, 0)
+    assert labels(a, 1) == ["stalled"], labels(a, 1)
+
+
 # -- a job change -------------------------------------------------------------------------------------
 
 

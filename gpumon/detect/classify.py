@@ -75,7 +75,13 @@ def classify(
             f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet: starting up "
             f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
         )
-    if duty < th.stalled_duty:
+    # A GPU that runs next to nothing while the job's loader workers run flat out is starved by
+    # them, not stalled: a hung job's workers fill their queue and idle. On an H200 a job whose
+    # kernels round to 0% in NVML's utilization, its one loader worker at 100% of a core, would
+    # have read `stalled` (critical) past its start-up grace (docs/gpu-check.md): it goes on to
+    # the causes.
+    feeding = bool(ev.loader_workers) and (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
+    if duty < th.stalled_duty and not feeding:
         busy = ""
         main = ev.main_cpu_cores
         if main is not None and main >= th.pinned_core:
