@@ -127,6 +127,10 @@ def test_the_model_fits_the_device_its_steps_run_on() -> None:
         torch.cuda.is_available = cuda
     assert model_size("auto", 0.1) == "small"
     assert model_size("gpu", None) == "gpu" and model_size("small", None) == "small"
+    # a rank knows its device (CUDA or gloo on CPUs)
+    assert model_size("auto", None, on_gpu=True) == "gpu"
+    assert model_size("auto", None, on_gpu=False) == "small"
+    assert model_size("auto", 0.1, on_gpu=True) == "small"
     small, gpu = build_model("small"), build_model("gpu")
     assert gpu.count_params() > 100 * small.count_params()
     assert gpu.output_shape == small.output_shape

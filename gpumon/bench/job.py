@@ -441,11 +441,14 @@ def build_model(size: str = "small") -> keras.Model:
     )
 
 
-def model_size(asked: str, gpu_step_s: float | None) -> str:
-    """The model to train: as asked, or for "auto" the one that fits the device the steps run on."""
+def model_size(asked: str, gpu_step_s: float | None, on_gpu: bool | None = None) -> str:
+    """The model to train: as asked, or for "auto" the one that fits the device the steps run on
+    (`on_gpu`: known to the caller, as a rank knows its device; else asked of the backend)."""
     if asked != "auto":
         return asked
-    return "gpu" if gpu_step_s is None and _on_gpu() else "small"
+    if gpu_step_s is not None:
+        return "small"
+    return "gpu" if (_on_gpu() if on_gpu is None else on_gpu) else "small"
 
 
 def _on_gpu() -> bool:

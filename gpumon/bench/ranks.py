@@ -94,7 +94,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
     import torch.distributed as dist
 
     # here, not at the top: imports Keras: in the training job only
-    from gpumon.bench.job import BenchOptions, CpuHeavyData, build_model, make_data
+    from gpumon.bench.job import BenchOptions, CpuHeavyData, build_model, make_data, model_size
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -120,8 +120,7 @@ def rank_main(plan: RankPlan) -> dict[str, float]:
     loader: torch.utils.data.DataLoader[tuple[object, object]] = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=max(1, data.workers), prefetch_factor=2
     )
-    size = plan.model if plan.model != "auto" else "gpu" if cuda and plan.gpu_step_s is None else "small"
-    model = build_model(size)
+    model = build_model(model_size(plan.model, plan.gpu_step_s, cuda))
     model.to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
