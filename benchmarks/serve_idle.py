@@ -28,9 +28,10 @@ Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <
 Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
 
 --real: the machine's own GPUs through its driver, not the stand-in (benchmarks/gpu_check.sh; --gpus
-does not apply). It also checks, during each round, that gpumon holds nothing on the GPU: the CUDA
-driver (libcuda) is not mapped into its process, and nvidia-smi does not list it as a compute
-process (a CUDA context and its GPU memory would show there).
+does not apply). During each round it also prints what each exporter holds on the GPU: whether
+nvidia-smi lists it as a compute process (a CUDA context and its GPU memory would show there), and
+which libcuda file is mapped into its process, if any (on the H200 one was, in gpumon's, while
+nvidia-smi listed no context: docs/gpu-check.md).
 """
 
 from __future__ import annotations
