@@ -229,16 +229,11 @@ class FakeNvml(GpmMixin):
         self._not_on_mig(h, t)
         return int(32 + 40 * h.utilization_now(t) / 100)
 
-    def nvmlDeviceGetPcieThroughput(self, h: SimGpu, counter: int) -> int:
-        t = self._check("nvmlDeviceGetPcieThroughput", h)
-        ph = h.phase(t)
-        kb_s = h.utilization_now(t) / 100 * 2_000_000 if ph.has_job else 0
-        return int(kb_s if counter == 1 else kb_s / 8)  # rx (host to GPU) carries the batches
-
     def nvmlDeviceGetFieldValues(self, h: SimGpu, field_ids: Any) -> list[Any]:
         """The PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197, _RX_BYTES 198): the link's
-        bytes so far, at the rates nvmlDeviceGetPcieThroughput gives, over the GPU's busy time
-        since the last reading. Any other field: NOT_SUPPORTED in its own return, as NVML does."""
+        bytes so far, 2 GB/s to the GPU (the batches) and an eighth of it back while kernels run,
+        over the GPU's busy time since the last reading. Any other field: NOT_SUPPORTED in its own
+        return, as NVML does."""
         t = self._check("nvmlDeviceGetFieldValues", h)
         last_t, tx, rx = self._pcie.get(h.index, (t, 0.0, 0.0))
         if t > last_t and h.phase(t).has_job:
