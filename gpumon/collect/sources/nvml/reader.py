@@ -49,6 +49,8 @@ class NvmlReader:
         self._guard = guard
         self._error_type: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        self._field_values = nvml_function(nvml, "nvmlDeviceGetFieldValues")
+        """The bindings' field-values call (the PCIe byte counters), looked up once; None: absent."""
         self._xid = XidWatcher(nvml, self._problems)
         self._lister: ProcessLister | None = None
         """How a GPU's processes are read (gpumon.collect.sources.nvml.processes): chosen at the

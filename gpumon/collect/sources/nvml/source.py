@@ -417,7 +417,8 @@ class NvmlSource(MigReading, ClockReading):
         """PCIe traffic where GPM gives none: (rx, tx) bytes a second since the last reading of the
         driver's byte counters; None on the first reading, after a counter went back, or where the
         driver has no such counters (not asked again)."""
-        now = self._field(state, "pcie", self._pcie_counts, state.handle, t_s)
+        counts = self._pcie_counts if self._field_values is not None else None  # None: unsupported
+        now = self._field(state, "pcie", counts, state.handle, t_s)
         before, state.pcie_counted = state.pcie_counted, now
         if now is None or before is None:
             return None, None
@@ -433,10 +434,7 @@ class NvmlSource(MigReading, ClockReading):
     def _pcie_counts(self, handle: Any, t_s: float) -> tuple[int, int, float]:
         """The link's bytes so far, (tx, rx, when): the driver's timestamp where it gives one (the
         counters' own time), else the tick's. A field the driver refuses raises its code."""
-        fn = nvml_function(self._nvml, "nvmlDeviceGetFieldValues")
-        if fn is None:
-            raise self._error_type(codes.FUNCTION_NOT_FOUND)
-        tx, rx = fn(handle, PCIE_FIELDS)
+        tx, rx = self._field_values(handle, PCIE_FIELDS)
         for v in (tx, rx):
             if v.nvmlReturn:
                 raise self._error_type(v.nvmlReturn)
