@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpumon.collect.sources.nvml.samples import DirectSamples
+
 
 def timed(call: Callable[[], object], n: int) -> tuple[float, float]:
     """The median CPU and wall seconds of `n` calls, after one not counted."""
@@ -45,6 +47,19 @@ def calls(nv: Any, h: Any) -> dict[str, Callable[[], object]]:
         last[0] = got[-1].timeStamp
         return got
 
+    direct = DirectSamples.of(nv)
+    one_last = [0]
+
+    def one_call() -> object:
+        assert direct is not None
+        try:
+            _, got = direct(h, nv.NVML_GPU_UTILIZATION_SAMPLES, one_last[0])
+        except nv.NVMLError_NotFound:
+            return None
+        if got:
+            one_last[0] = got[-1].timeStamp
+        return got
+
     out: dict[str, Callable[[], object]] = {
         "nvmlDeviceGetUtilizationRates": lambda: nv.nvmlDeviceGetUtilizationRates(h),
         "nvmlDeviceGetPowerUsage": lambda: nv.nvmlDeviceGetPowerUsage(h),
@@ -54,6 +69,10 @@ def calls(nv: Any, h: Any) -> dict[str, Callable[[], object]]:
         "nvmlDeviceGetComputeRunningProcesses": lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
         "nvmlDeviceGetCurrentClocksEventReasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h),
         "nvmlDeviceGetSamples (GPU utilization)": samples,
+    }
+    if direct is not None:  # gpumon's way: one driver call into a kept buffer (pynvml's makes two)
+        out["nvmlDeviceGetSamples (one call, as gpumon)"] = one_call
+    out |= {
         "nvmlDeviceGetMigMode": lambda: nv.nvmlDeviceGetMigMode(h),
         "nvmlDeviceGetFieldValues (PCIe TX+RX bytes)": lambda: nv.nvmlDeviceGetFieldValues(h, fields),
         "nvmlDeviceGetPcieThroughput (RX)": lambda: nv.nvmlDeviceGetPcieThroughput(
