@@ -1,6 +1,8 @@
 """The only traces this project has from a real driver (an H200, 2026-12-04, docs/gpu-check.md):
 gpumon's reader and detector must keep reading them as what they were. Each holds the Keras bench
-fed, then starved, with the bench's small model: a GPU idle ~95% of the time in both runs."""
+fed, then starved: runs 1 and 2 with the bench's small model (a GPU idle ~95% of the time either
+way), run 3 with its GPU model (busy 63-79% fed, ~12% starved), then the starved job again with one
+loader worker more."""
 
 from __future__ import annotations
 
@@ -8,12 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.advice import WORKERS_KNOB, next_change, truth_rate
 from gpumon.analyze.trace_report import analyze
+from gpumon.analyze.truth import compare_truth
+from gpumon.detect.classify import LOOP_OVERHEAD
 from gpumon.trace.reader import read_trace
 
 from .conftest import ROOT
 
-TRACES = sorted((ROOT / "docs" / "gpu-check").glob("2026-12-04-run*-trace.jsonl"))
+HERE = ROOT / "docs" / "gpu-check"
+TRACES = sorted(HERE.glob("2026-12-04-run*-trace.jsonl"))
+SMALL_MODEL = [HERE / f"2026-12-04-run{n}-trace.jsonl" for n in (1, 2)]
+GPU_MODEL = HERE / "2026-12-04-run3-trace.jsonl"
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
@@ -26,7 +34,7 @@ def test_a_real_h200_trace_reads_whole_with_gpm_on_every_tick_but_the_first(trac
     assert all(len(t.gpus[0].util_history) >= 4 for t in ticks[1:]), "the driver's samples, 1/6 s apart"
 
 
-@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("trace", SMALL_MODEL, ids=lambda p: p.name)
 def test_a_host_bound_job_on_a_real_gpu_is_flagged_and_its_loop_named(trace: Path) -> None:
     """The fed run trains at ~100 steps/s, its input ready, while the H200 idles ~95%: the training
     loop's own CPU work is the limit. gpumon flags it and says more loader workers would not help;
@@ -42,3 +50,40 @@ def test_a_host_bound_job_on_a_real_gpu_is_flagged_and_its_loop_named(trace: Pat
     assert fix is not None and "more workers would not change it" in fix.line()
     assert not {e.label for e in episodes} & {"healthy", "stalled"}, [e.label for e in episodes]
     assert len({e.job for e in jobs}) == 2, "two jobs, one after the other"
+
+
+def test_a_gpu_bound_job_whose_loop_spins_a_core_is_not_starved_on_a_real_gpu() -> None:
+    """Run 3's fed job keeps the H200 63-79% busy, its input always ready (the job's own truth:
+    ~2% of each step waiting for input), while its training process reads 105% of a core (CUDA's
+    synchronize spins while the kernels run). Read as starved-cpu, it was a false alarm; it is
+    underutilized by its loop's per-step work, with advice that does not send it to its loader."""
+    a = analyze(str(GPU_MODEL))
+    (g,) = a.gpus
+    jobs = [e for e in g.episodes if e.job is not None and e.state != "unknown"]
+    assert len({e.job for e in jobs}) == 2, [(e.label, e.job) for e in g.episodes]
+    fed_job = jobs[0].job
+    fed = [e for e in jobs if e.job == fed_job]
+    assert [e.label for e in fed] == ["underutilized"], [(e.label, e.reason) for e in fed]
+    assert LOOP_OVERHEAD in fed[0].reason, fed[0].reason
+    span = (fed[0].start_s, fed[0].end_s or a.end_s)
+    assert not [v for v in g.verdicts if span[0] <= v.t_s <= span[1] and v.state in ("starved", "stalled")]
+    starved = [e for e in jobs if e.job != fed_job]
+    assert [e.label for e in starved] == ["starved-cpu"], [(e.label, e.reason) for e in starved]
+    report = compare_truth(a, str(HERE / "2026-12-04-run3-truth.jsonl"))
+    assert report.judged >= 15 and report.agreed == report.judged, report
+    assert report.starved_flagged == report.starved_windows > 0, report
+
+
+def test_one_loader_worker_more_is_predicted_within_a_quarter_of_what_it_bought_on_a_real_gpu() -> None:
+    """Run 3's starved job gained 2.42x (3.89 -> 9.41 steps/s, the two runs' truth) from a second
+    loader worker; gpumon, from the first run's trace alone, names that remedy and predicts its gain
+    within 25% (2.01x), as the stand-in's runs hold it (docs/benchmarks.md)."""
+    before = truth_rate(HERE / "2026-12-04-run3-truth.jsonl", "starved-cpu")
+    after = truth_rate(HERE / "2026-12-04-run3-w2-truth.jsonl")
+    assert before is not None and after is not None
+    measured = after[0] / before[0]
+    (g,) = analyze(str(GPU_MODEL)).gpus
+    predicted = next_change(g.fix)
+    assert g.fix is not None and "loader workers" in g.fix.line(WORKERS_KNOB), g.fix
+    assert predicted is not None and predicted > 1.5, predicted
+    assert abs(predicted - measured) / measured <= 0.25, (predicted, measured)

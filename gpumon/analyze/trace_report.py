@@ -28,7 +28,7 @@ from gpumon.core.errors import TraceError
 from gpumon.core.files import kind_of
 from gpumon.core.model import Tick
 from gpumon.core.problems import Problems
-from gpumon.detect.classify import LOOP_WORK, PAUSED, RESUMED
+from gpumon.detect.classify import LOOP_OVERHEAD, LOOP_WORK, PAUSED, RESUMED
 from gpumon.detect.remedies import WORKERS_KNOB, Advice, fed
 from gpumon.detect.stragglers import StragglerHistory, history
 from gpumon.detect.thresholds import Thresholds
@@ -58,6 +58,10 @@ SUGGESTIONS = {
     "loop-work": "the training process is the busy one, not its loader workers: move input work "
     "still done in the loop into the Dataset or collate_fn (the workers run them), and make "
     "checkpoints, metrics and logging asynchronous or less frequent; more workers would not help",
+    "loop-overhead": "the GPU idles between steps while the training process does each step's "
+    "host work (the Python loop, launching kernels, waiting for them: .item() or per-step logging "
+    "and metrics), not for input: more loader workers would not help; synchronize less often, raise "
+    "the batch size, or cut launch overhead (torch.compile, CUDA graphs)",
     "sync-stall": "kernels spin at idle power: ranks wait in collectives for a straggler; compare "
     "per-rank step times and balance the input across ranks",
     "underutilized": "steady low use without gaps: the work is too small for the GPU; raise the "
@@ -178,6 +182,8 @@ class GpuReport:
             return SUGGESTIONS["paused"]
         if LOOP_WORK in reason:  # not a loader short of workers
             return SUGGESTIONS["loop-work"]
+        if LOOP_OVERHEAD in reason:  # a busy GPU whose loop works between its steps
+            return SUGGESTIONS["loop-overhead"]
         return SUGGESTIONS.get(label)
 
 
