@@ -437,3 +437,66 @@ def test_pcie_counters_a_driver_refuses_are_not_asked_again() -> None:
         g = src.poll(float(t))[0]
     assert g.pcie_rx_bytes_per_s is None and g.util_ratio is not None
     assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # once per GPU
+
+
+class RestingDriver(FakePynvml):
+    """GPU 0 with no process and a driver ring that gains 6 samples a second (the stand-in's and an
+    H200's period), their value and GPU 0's process list set by the test; calls counted per GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.util[0] = 0
+        self.procs: list[SimpleNamespace] = []
+        self.value = 0
+        self.per_gpu: dict[tuple[str, int], int] = {}
+
+    def tick(self, t: int) -> None:
+        self.samples[0] += [((t - 1) * 1_000_000 + k * 166_666, self.value) for k in range(1, 7)]
+        self.samples[1] += [((t - 1) * 1_000_000 + k * 166_666, 100) for k in range(1, 7)]
+
+    def _call(self, fn: str, index: int | None = None) -> None:
+        super()._call(fn, index)
+        if index is not None:
+            self.per_gpu[fn, index] = self.per_gpu.get((fn, index), 0) + 1
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return self.procs if h == 0 else super().nvmlDeviceGetComputeRunningProcesses(h)
+
+
+def test_a_gpu_at_rest_is_not_asked_for_samples_and_wakes_when_a_job_or_a_kernel_comes() -> None:
+    """On an H200 nvmlDeviceGetSamples cost 1.4 ms of CPU a call, the PCIe counters 0.3 ms: most
+    of an idle daemon's second. After REST_AFTER_S with no process and 0% at every tick, neither is
+    read; the tick's 0% stands for the second. A job's process, or utilization with no process
+    listed, and the samples are read again that tick, without the seconds already stood for."""
+    fake = RestingDriver()
+    src = _source(fake)
+
+    def poll(t: int) -> Any:
+        fake.tick(t)
+        return src.poll(float(t))[0]
+
+    def asked(t0: int, t1: int) -> int:
+        before = fake.per_gpu.get(("nvmlDeviceGetSamples", 0), 0)
+        for t in range(t0, t1):
+            poll(t)
+        return fake.per_gpu.get(("nvmlDeviceGetSamples", 0), 0) - before
+
+    assert asked(1, 31) == 30, "read every tick until it has rested long enough"
+    assert asked(31, 61) == 0
+    g = poll(61)
+    assert [p.util_ratio for p in g.util_history] == [0.0] and g.util_history[0].t_s == 61.0
+    assert g.pcie_rx_bytes_per_s is None and g.util_ratio == 0.0
+    assert fake.per_gpu.get(("nvmlDeviceGetSamples", 1), 0) == 61, "a busy GPU beside it is read"
+    # a job comes: read at once, from the last tick at rest on
+    fake.procs = [SimpleNamespace(pid=4242, usedGpuMemory=2**30)]
+    fake.value = 50
+    g = poll(62)
+    assert [p.util_ratio for p in g.util_history] == [0.5] * 6
+    assert all(61.0 < p.t_s <= 62.0 + 1e-6 for p in g.util_history), g.util_history
+    assert poll(63).pcie_rx_bytes_per_s is not None, "the counters again, from a new baseline"
+    # it leaves; kernels run with no process listed (the driver hides them): read that very tick
+    fake.procs, fake.value = [], 0
+    assert asked(64, 100) == 30
+    fake.util[0], fake.value = 20, 20
+    g = poll(100)
+    assert [p.util_ratio for p in g.util_history] == [0.2] * 6

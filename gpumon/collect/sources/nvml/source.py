@@ -66,6 +66,11 @@ STALE_PROBE_MAX_POLLS = 60
 """A GPU whose readings have nothing newer than the last seen sample has the driver's whole ring
 read once after AHEAD_POLLS such readings, then after twice as many, and so on up to once every
 this many (see NvmlSource._stale): an idle GPU costs few calls more."""
+REST_AFTER_S = 30.0
+"""A GPU with no process and 0% utilization at every tick for this long is at rest: its samples and
+PCIe counters are not read until a process or any utilization shows (NvmlSource._at_rest). Long
+enough that a job whose processes the driver does not list, and whose kernels run now and then,
+shows utilization at some tick first."""
 DRIVER = "driver"
 INIT_ALLOW_S = 60.0
 """How long nvmlInit may take before its thread is given up: without persistence mode the driver
@@ -361,7 +366,8 @@ class NvmlSource(MigReading, ClockReading):
                 and None not in (mem, procs, bits)
                 and not state.failing
             )
-        history = self._history(state, t_s)
+        resting = self._at_rest(state, t_s, util, procs)
+        history = (UtilPoint(t_s, 0.0),) if resting else self._history(state, t_s)
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.activity is not None:  # no utilization samples here: GPM's activity instead
             history, gpm = self._drain(state, t_s)
@@ -370,6 +376,8 @@ class NvmlSource(MigReading, ClockReading):
         if gpm is not None and gpm.pcie_rx_bytes_per_s is not None and gpm.pcie_tx_bytes_per_s is not None:
             rx, tx = gpm.pcie_rx_bytes_per_s, gpm.pcie_tx_bytes_per_s  # the counters: not asked
             state.pcie_counted = None
+        elif resting:  # no process, no DMA: and the next reading after it starts from a baseline
+            rx = tx = state.pcie_counted = None
         else:
             rx, tx = self._pcie_rates(state, t_s)
         clock_bits = self._clock_events(state, t_s, bits)
@@ -412,6 +420,34 @@ class NvmlSource(MigReading, ClockReading):
                 last_xid,
             ),
         )
+
+    def _at_rest(self, state: GpuState, t_s: float, util: Any, procs: Any) -> bool:
+        """No process on the GPU and 0% utilization at every tick for REST_AFTER_S: its utilization
+        samples and PCIe counters are not read (on an H200 nvmlDeviceGetSamples cost 1.4 ms of CPU
+        a call, nvmlDeviceGetFieldValues 0.3 ms: most of an idle daemon's second there, and what
+        nvitop-exporter does not pay; docs/gpu-check.md). Its utilization reading stands for the
+        second instead: one point of 0%, as a GPU sampled once a second reads. A process listed, or
+        any utilization (kernels whose processes the driver does not list), and the samples are read
+        again at once, from the last seen: the ring still holds the seconds since, and those up to
+        the last tick at rest are left out (its point stood for them)."""
+        if (
+            procs is None
+            or procs is _UNREAD
+            or len(procs)
+            or util is None
+            or _number(util, "gpu")
+            or state.migs
+            or state.activity is not None
+            or "samples" in state.unsupported
+        ):
+            state.quiet_since = None
+            return False
+        if state.quiet_since is None:
+            state.quiet_since = t_s
+        if t_s - state.quiet_since < REST_AFTER_S:
+            return False
+        state.rested_to = t_s
+        return True
 
     def _pcie_rates(self, state: GpuState, t_s: float) -> tuple[float | None, float | None]:
         """PCIe traffic where GPM gives none: (rx, tx) bytes a second since the last reading of the
@@ -481,6 +517,9 @@ class NvmlSource(MigReading, ClockReading):
             state.ahead_polls = 0
         state.last_seen_ts_us = newest
         points = to_points(fresh, offset)
+        if state.rested_to is not None:  # waking: the samples up to the last tick at rest stood for
+            rested, state.rested_to = state.rested_to, None
+            points = [p for p in points if p.t_s > rested]
         if state.first_poll:
             # The buffer's history from before we started: keep only the last second of it.
             state.first_poll = False
