@@ -2,7 +2,7 @@
 gpumon's reader and detector must keep reading them as what they were. Each holds the Keras bench
 fed, then starved: runs 1 and 2 with the bench's small model (a GPU idle ~95% of the time either
 way), run 3 with its GPU model (busy 63-79% fed, ~12% starved), then the starved job again with one
-loader worker more."""
+loader worker more; run 4 the GPU model's starved job alone (1 worker), then with 3."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.advice import WORKERS_KNOB, next_change, truth_rate
+from benchmarks.advice import WORKERS_KNOB, truth_rate
 from gpumon.analyze.trace_report import analyze
 from gpumon.analyze.truth import compare_truth
 from gpumon.detect.classify import LOOP_OVERHEAD
@@ -27,7 +27,7 @@ GPU_MODEL = HERE / "2026-12-04-run3-trace.jsonl"
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
 def test_a_real_h200_trace_reads_whole_with_gpm_on_every_tick_but_the_first(trace: Path) -> None:
     ticks = read_trace(str(trace)).ticks
-    assert len(ticks) > 100
+    assert len(ticks) > 60
     assert {g.name for t in ticks for g in t.gpus} == {"NVIDIA H200"}
     with_gpm = [t.gpus[0].gpm is not None for t in ticks]
     assert not with_gpm[0] and all(with_gpm[1:]), "GPM needs a pair of samples: all but the first tick"
@@ -74,16 +74,24 @@ def test_a_gpu_bound_job_whose_loop_spins_a_core_is_not_starved_on_a_real_gpu() 
     assert report.starved_flagged == report.starved_windows > 0, report
 
 
-def test_one_loader_worker_more_is_predicted_within_a_quarter_of_what_it_bought_on_a_real_gpu() -> None:
-    """Run 3's starved job gained 2.42x (3.89 -> 9.41 steps/s, the two runs' truth) from a second
-    loader worker; gpumon, from the first run's trace alone, names that remedy and predicts its gain
-    within 25% (2.01x), as the stand-in's runs hold it (docs/benchmarks.md)."""
-    before = truth_rate(HERE / "2026-12-04-run3-truth.jsonl", "starved-cpu")
-    after = truth_rate(HERE / "2026-12-04-run3-w2-truth.jsonl")
-    assert before is not None and after is not None
-    measured = after[0] / before[0]
-    (g,) = analyze(str(GPU_MODEL)).gpus
-    predicted = next_change(g.fix)
+@pytest.mark.parametrize(
+    "run,after,workers",
+    [("run3", "run3-w2", 2), ("run4", "run4-w3", 3)],
+    ids=["1 -> 2 workers", "1 -> 3 workers"],
+)
+def test_more_loader_workers_are_predicted_within_a_quarter_of_what_they_bought_on_a_real_gpu(
+    run: str, after: str, workers: int
+) -> None:
+    """The GPU model's starved job, trained again with more loader workers: 3.89 -> 9.41 steps/s
+    with 2 (2.42x, run 3), 4.29 -> 10.88 with 3 (2.53x, run 4, another H200), by the jobs' own
+    truth. gpumon, from the 1-worker run's trace alone, names that remedy and predicts each gain
+    within 25% (2.01x and 3.0x), as the stand-in's runs hold it (docs/benchmarks.md)."""
+    before = truth_rate(HERE / f"2026-12-04-{run}-truth.jsonl", "starved-cpu")
+    later = truth_rate(HERE / f"2026-12-04-{after}-truth.jsonl")
+    assert before is not None and later is not None
+    measured = later[0] / before[0]
+    (g,) = analyze(str(HERE / f"2026-12-04-{run}-trace.jsonl")).gpus
     assert g.fix is not None and "loader workers" in g.fix.line(WORKERS_KNOB), g.fix
-    assert predicted is not None and predicted > 1.5, predicted
+    assert g.fix.workers == 1
+    predicted = next(c.speedup for c in g.fix.candidates if c.workers == workers)
     assert abs(predicted - measured) / measured <= 0.25, (predicted, measured)
