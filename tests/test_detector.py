@@ -280,6 +280,21 @@ def test_hysteresis_holds_the_state_the_gpu_is_in_and_no_other() -> None:
     assert classify(ev(duty_cycle=0.77, busiest_child_cpu_cores=0.99), TH, None).label == "starved-cpu"
 
 
+def test_job_processes_that_wait_for_a_cpu_together_are_cpu_bound_not_waiting_on_the_network() -> None:
+    """No one process of the job wants a whole core (a loader worker that blocks handing its batch
+    to a training process that itself waits for a core), but together they wait for a CPU 0.45
+    cores' worth: starved on the busy host's CPU (a flaky real-job test read such a run
+    `starved-host`). With no such wait, and no saturated CPU or storage, it stays `starved-host`."""
+    gaps = dict(duty_cycle=0.44, recent_duty=0.44, bursty_quarters=4, bursts_per_s=1.0)
+    gaps["job_read_bytes_per_s"] = 0.0
+    contended = ev(**gaps, busiest_child_cpu_cores=0.7, job_cpu_demand_cores=0.85, job_runq_wait_cores=0.45)
+    got = classify(contended, TH, None)
+    assert got.label == "starved-cpu" and "wait for a CPU 0.45 cores' worth" in got.reason, got.reason
+    quiet = contended._replace(job_runq_wait_cores=0.05)
+    assert classify(quiet, TH, None).label == "starved-host"
+    assert classify(contended._replace(duty_cycle=0.9, recent_duty=0.9), TH, None).label == "healthy"
+
+
 @pytest.mark.parametrize(
     "duty,current,expected",
     [

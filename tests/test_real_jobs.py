@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -377,10 +378,28 @@ def test_the_keras_bench_job_says_when_it_starves(driven: tuple[str, Path]) -> N
     """And that it is fed when it is: the fed job's log is judged with its start-up (below)."""
     url, drive = driven
     common = ["-m", "gpumon", "bench", "--drive", str(drive), "--watch", "--quiet"]
+    seen: list[dict[str, object]] = []
+    done = threading.Event()
+
+    def watch() -> None:  # what the daemon read, for a failure's message (once: starved-host)
+        while not done.wait(2.0):
+            try:
+                state = json.loads(urllib.request.urlopen(url + "/api/v1/state", timeout=5).read(2**20))
+                seen.extend(g for g in state.get("gpus", []) if g.get("index") == 0)
+            except (OSError, ValueError):
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     starved = job(url, *common, "--pipeline", "starved-cpu", "--duration", "22")
+    done.set()
+    watcher.join(10)
     assert starved.returncode == 0, starved.stderr[-2000:]
     said = [ln for ln in starved.stderr.splitlines() if ln.startswith(STARVED)]
-    assert len(said) == 1 and "PyDataset(workers=N, use_multiprocessing=True)" in said[0], starved.stderr
+    read = "\n".join(f"{g.get('label')}: {g.get('reason')} {g.get('evidence')}" for g in seen[-6:])
+    assert len(said) == 1 and "PyDataset(workers=N, use_multiprocessing=True)" in said[0], (
+        starved.stderr + "\nthe daemon's last readings:\n" + read
+    )
     summary = [ln for ln in starved.stderr.splitlines() if ln.startswith("gpumon: this run on GPU 0")]
     assert len(summary) == 1 and "starved-cpu" in summary[0] and "GPU-hours wasted" in summary[0]
 

@@ -291,6 +291,18 @@ def classify(
             short,
             f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
         )
+    waits = ev.job_runq_wait_cores
+    if bursty and waits is not None and waits >= LOOP_WORK_MAX_RUNQ:
+        # no one process wants a whole core, but together the job's processes wait for a CPU: a
+        # loader worker that blocks handing its batch to a training process that waits for a core
+        # (a batch is larger than a pipe) is CPU-bound on a busy host, not waiting on the network
+        return starved(
+            Cause.CPU,
+            short,
+            f"GPU idle {idle_share:.0%} of the time while the job's processes wait for a CPU "
+            f"{waits:.2f} cores' worth (the most any one wants: {demand or 0.0:.0%} of a core): "
+            "the input pipeline is CPU-bound on a busy host",
+        )
     if bursty:
         return starved(
             Cause.HOST,
