@@ -292,7 +292,41 @@ def test_job_processes_that_wait_for_a_cpu_together_are_cpu_bound_not_waiting_on
     assert got.label == "starved-cpu" and "wait for a CPU 0.45 cores' worth" in got.reason, got.reason
     quiet = contended._replace(job_runq_wait_cores=0.05)
     assert classify(quiet, TH, None).label == "starved-host"
+    # many network-bound workers each waiting a little add up, but none is CPU-bound (a review's case)
+    spread = contended._replace(
+        busiest_child_cpu_cores=0.1, job_cpu_demand_cores=0.12, job_runq_wait_cores=0.32
+    )
+    assert classify(spread, TH, None).label == "starved-host"
     assert classify(contended._replace(duty_cycle=0.9, recent_duty=0.9), TH, None).label == "healthy"
+
+
+@pytest.mark.parametrize("current", [None, "starved-cpu", "underutilized", "healthy"])
+def test_a_busy_gpu_with_a_spinning_training_process_is_still_starved_by_storage(current: str | None) -> None:
+    """The training process reads a core on any GPU-bound job (CUDA's spin), so the loop rule must
+    not hide storage that is plainly the limit: reads of 80 MB/s with gaps, or block-I/O waits."""
+    base = dict(
+        duty_cycle=0.7, recent_duty=0.7, bursty_quarters=4, main_cpu_cores=1.0, busiest_child_cpu_cores=0.3
+    )
+    reads = classify(ev(**base, job_read_bytes_per_s=80e6), TH, current)
+    assert reads.label == "starved-io", reads.reason
+    waits = classify(ev(**base, job_read_bytes_per_s=0.0, job_blkio_wait_s=0.8), TH, current)
+    assert waits.label == "starved-io", waits.reason
+
+
+def test_a_worker_wavering_about_a_core_never_flips_a_starved_gpu_to_underutilized() -> None:
+    """A CPU-bound worker reads 85-95% of a core (its IPC waits): whichever side of 90% it reads,
+    a starved GPU at 70% stays starved; only clearly idle workers (a full queue) make it the loop's
+    overhead."""
+    for child in (0.95, 0.92, 0.89, 0.85, 0.6, 0.45):
+        got = classify(
+            ev(duty_cycle=0.7, recent_duty=0.7, main_cpu_cores=1.05, busiest_child_cpu_cores=child),
+            TH,
+            "starved-cpu",
+        )
+        assert got.label == "starved-cpu", (child, got.reason)
+    idle = ev(duty_cycle=0.7, recent_duty=0.7, main_cpu_cores=1.05, busiest_child_cpu_cores=0.3)
+    assert classify(idle, TH, "starved-cpu").label == "underutilized"
+    assert classify(idle._replace(busiest_child_cpu_cores=0.55), TH, "underutilized").label == "underutilized"
 
 
 @pytest.mark.parametrize(

@@ -231,28 +231,33 @@ def classify(
             f"GPU idle {idle_share:.0%} of the time while a job process wants {demand:.0%} of a core "
             f"(runs {busiest:.0%}, waits for a CPU the rest): the input pipeline is CPU-bound on a busy host",
         )
-    if cpu and not (io and not pinned):
-        main, child = ev.main_cpu_cores, ev.busiest_child_cpu_cores or 0.0
-        runq = ev.job_runq_wait_cores or 0.0
-        if (
-            pinned
-            and ev.loader_workers
-            and main is not None
-            and child < min(main, th.pinned_core)
-            and runq < LOOP_WORK_MAX_RUNQ
-        ):
-            # its workers have CPU to spare (and wait for none): the loop's own work holds the GPU.
-            # On a real GPU a pinned training process is no proof of host work: CUDA's synchronize
-            # spins the calling thread while kernels run, so a GPU-bound job reads ~100% of a core
-            # too. A GPU busy most of the time is underused by the loop's per-step overhead, not
-            # starved (an H200 at 63-79% under Keras's loop, its input ready: docs/gpu-check.md).
-            if current is not None and current.startswith(State.STARVED):
-                limit = LOOP_STARVED_DUTY + th.hysteresis
-            elif current is not None and current.startswith((State.UNDERUTILIZED, State.HEALTHY)):
-                limit = LOOP_STARVED_DUTY - th.hysteresis
-            else:  # a job's first windows: the line itself, as for fed_duty above
-                limit = LOOP_STARVED_DUTY
-            if duty >= limit:
+    # The loop-work rule: the training process pinned, its workers with CPU to spare (and waiting
+    # for none): the loop's own work holds the GPU. On a real GPU a pinned training process is no
+    # proof of host work: CUDA's synchronize spins the calling thread while kernels run, so a
+    # GPU-bound job reads ~100% of a core too. A GPU busy most of the time, its workers idle, is
+    # underused by the loop's per-step overhead, not starved (an H200 at 63-79% under Keras's loop,
+    # its input ready: docs/gpu-check.md); storage that is plainly the limit still names `io`.
+    main, child = ev.main_cpu_cores, ev.busiest_child_cpu_cores or 0.0
+    runq = ev.job_runq_wait_cores or 0.0
+    loop_work = (
+        pinned
+        and bool(ev.loader_workers)
+        and main is not None
+        and child < min(main, th.pinned_core)
+        and runq < LOOP_WORK_MAX_RUNQ
+    )
+    held_starved = current is not None and current.startswith(State.STARVED)
+    if held_starved:
+        busy_line, idle_workers = LOOP_STARVED_DUTY + th.hysteresis, LOOP_IDLE_WORKERS - 2 * th.hysteresis
+    elif current is not None and current.startswith((State.UNDERUTILIZED, State.HEALTHY)):
+        busy_line, idle_workers = LOOP_STARVED_DUTY - th.hysteresis, LOOP_IDLE_WORKERS + 2 * th.hysteresis
+    else:  # a job's first windows: the lines themselves, as for fed_duty above
+        busy_line, idle_workers = LOOP_STARVED_DUTY, LOOP_IDLE_WORKERS
+    busy_loop = loop_work and duty >= busy_line
+    if cpu and not (io and (not pinned or busy_loop)):
+        if loop_work:
+            assert main is not None
+            if busy_loop and child < idle_workers:
                 return result(
                     State.UNDERUTILIZED,
                     None,
@@ -292,10 +297,17 @@ def classify(
             f"GPU idle {idle_share:.0%} of the time while {what}: input waits on storage",
         )
     waits = ev.job_runq_wait_cores
-    if bursty and waits is not None and waits >= LOOP_WORK_MAX_RUNQ:
-        # no one process wants a whole core, but together the job's processes wait for a CPU: a
-        # loader worker that blocks handing its batch to a training process that waits for a core
-        # (a batch is larger than a pipe) is CPU-bound on a busy host, not waiting on the network
+    if (
+        bursty
+        and waits is not None
+        and waits >= LOOP_WORK_MAX_RUNQ
+        and demand is not None
+        and demand >= CONTENDED_DEMAND
+    ):
+        # no one process wants a whole core, but one wants most of one and together the job's
+        # processes wait for a CPU: a loader worker that blocks handing its batch to a training
+        # process that waits for a core (a batch is larger than a pipe) is CPU-bound on a busy
+        # host, not waiting on the network (many workers each waiting a little are not)
         return starved(
             Cause.CPU,
             short,
@@ -356,6 +368,16 @@ at least this share of the window (with hysteresis) is underutilized by the loop
 work, not starved: a training process spinning in CUDA's synchronize reads a whole core however
 little host work it does, so only a GPU idle most of the time (a small model's 95% on the H200) is
 plainly held back by it. An evaluation pass at ~50% with metrics in the loop stays starved."""
+LOOP_IDLE_WORKERS = 0.5
+"""Under the loop-work rule on a busy GPU (LOOP_STARVED_DUTY), the busiest loader worker below this
+share of a core (with twice the hysteresis, both ways) reads as idle, its queue full: only then is
+the GPU's idle time the loop's overhead. Workers between it and pinned_core stay starved by the loop,
+so that a worker wavering about 90% of a core (its IPC waits) never flips the state."""
 LOOP_WORK_MAX_RUNQ = 0.2
 """Run-queue wait of the job's processes (cores' worth) under which workers below a core have CPU to
-spare: on a saturated host, workers at 60% of a core that wait 40% for one are CPU-bound."""
+spare: on a saturated host, workers at 60% of a core that wait 40% for one are CPU-bound. At or
+above it, with one process wanting CONTENDED_DEMAND of a core, an unexplained starved window is
+CPU-bound on a busy host, not `host`."""
+CONTENDED_DEMAND = 0.6
+"""The most any one job process wants (on-CPU plus run-queue wait, of a core) for the job's
+processes' run-queue wait to name `cpu`: 32 network-bound workers each waiting 1% are not CPU-bound."""
