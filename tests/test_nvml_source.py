@@ -448,6 +448,8 @@ class RestingDriver(FakePynvml):
         self.util[0] = 0
         self.procs: list[SimpleNamespace] = []
         self.value = 0
+        self.used = 0
+        """GPU 0's memory in use (an idle H200 reads 0 MiB; any CUDA context holds hundreds)."""
         self.per_gpu: dict[tuple[str, int], int] = {}
 
     def tick(self, t: int) -> None:
@@ -461,6 +463,10 @@ class RestingDriver(FakePynvml):
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
         return self.procs if h == 0 else super().nvmlDeviceGetComputeRunningProcesses(h)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        got = super().nvmlDeviceGetMemoryInfo(h)
+        return SimpleNamespace(total=got.total, used=self.used, free=got.total - self.used) if h == 0 else got
 
 
 def test_a_gpu_at_rest_is_not_asked_for_samples_and_wakes_when_a_job_or_a_kernel_comes() -> None:
@@ -489,14 +495,55 @@ def test_a_gpu_at_rest_is_not_asked_for_samples_and_wakes_when_a_job_or_a_kernel
     assert fake.per_gpu.get(("nvmlDeviceGetSamples", 1), 0) == 61, "a busy GPU beside it is read"
     # a job comes: read at once, from the last tick at rest on
     fake.procs = [SimpleNamespace(pid=4242, usedGpuMemory=2**30)]
-    fake.value = 50
+    fake.value, fake.used = 50, 2**30
     g = poll(62)
     assert [p.util_ratio for p in g.util_history] == [0.5] * 6
     assert all(61.0 < p.t_s <= 62.0 + 1e-6 for p in g.util_history), g.util_history
     assert poll(63).pcie_rx_bytes_per_s is not None, "the counters again, from a new baseline"
     # it leaves; kernels run with no process listed (the driver hides them): read that very tick
-    fake.procs, fake.value = [], 0
+    fake.procs, fake.value, fake.used = [], 0, 0
     assert asked(64, 100) == 30
     fake.util[0], fake.value = 20, 20
     g = poll(100)
     assert [p.util_ratio for p in g.util_history] == [0.2] * 6
+
+
+def test_a_job_the_driver_does_not_list_keeps_its_gpu_awake() -> None:
+    """A second reader's cases: no process listed and the tick reading 0% while kernels ran within
+    the second (NVML's tick reading is its last sample period's, not the second's), or a CUDA
+    context's memory in use: the samples are read every tick, never left for a reading of 0%."""
+    fake = RestingDriver()
+    src = _source(fake)
+    fake.value = 0
+    for t in range(1, 120):
+        fake.value = 45 if t % 3 == 0 else 0  # bursts between ticks; the tick's own reading is 0
+        fake.tick(t)
+        src.poll(float(t))
+    assert fake.per_gpu[("nvmlDeviceGetSamples", 0)] == 119
+    fake2 = RestingDriver()
+    fake2.used = 700 * 2**20  # a context, its process unlisted, nothing running now
+    src2 = _source(fake2)
+    for t in range(1, 120):
+        fake2.tick(t)
+        src2.poll(float(t))
+    assert fake2.per_gpu[("nvmlDeviceGetSamples", 0)] == 119
+
+
+def test_a_driver_clock_stepped_back_while_at_rest_loses_no_second_of_the_next_job() -> None:
+    """A GPU reset needs an idle GPU: its driver clock can go back while gpumon leaves it at rest.
+    Waking, the reading that finds nothing newer than the last seen looks at the whole ring at
+    once, and follows the new clock from the job's first tick."""
+    fake = RestingDriver()
+    src = _source(fake)
+    for t in range(1, 50):
+        fake.tick(t)
+        src.poll(float(t))
+    assert fake.per_gpu[("nvmlDeviceGetSamples", 0)] < 40, "at rest"
+    fake.samples[0] = []  # reset: the ring emptied, its clock 40 s back
+    fake.procs, fake.value, fake.used = [SimpleNamespace(pid=7, usedGpuMemory=2**30)], 60, 2**30
+    back = -40
+    for t in range(50, 53):
+        fake.samples[0] += [((t + back - 1) * 1_000_000 + k * 166_666, 60) for k in range(1, 7)]
+        fake.samples[1] += [((t - 1) * 1_000_000 + k * 166_666, 100) for k in range(1, 7)]
+        g = src.poll(float(t))[0]
+        assert g.util_history and all(p.util_ratio == 0.6 for p in g.util_history), (t, g.util_history)

@@ -57,7 +57,7 @@ HEADER = re.compile(r"#\s*gpumon-drive v([12]) pid=([0-9]+)(?: rank=([0-9]+))?")
 RANKS = re.compile(r"#\s*gpumon-drive v2 ranks=([0-9]+)")
 DRIVEN_MODEL = GpuModel(name="Keras bench GPU (simulated)")
 _JOB = Phase(stepped=True, mem_used_ratio=0.3)
-_NO_JOB = Phase(has_job=False, stepped=True, mem_used_ratio=0.006)
+_NO_JOB = Phase(has_job=False, stepped=True, mem_used_ratio=0.0)
 SPIN_POWER_RATIO = 0.15
 """Power, as a share of the limit, while kernels spin in a collective: near idle (NCCL's wait
 kernels keep the GPU "utilized" but draw little)."""

@@ -71,6 +71,9 @@ REST_AFTER_S = 30.0
 PCIe counters are not read until a process or any utilization shows (NvmlSource._at_rest). Long
 enough that a job whose processes the driver does not list, and whose kernels run now and then,
 shows utilization at some tick first."""
+REST_MAX_USED_BYTES = 64 * 2**20
+"""A GPU using more memory than this is never at rest: every CUDA context holds hundreds of MB (an
+idle H200 read 0 MiB in use). A driver whose "used" counts its reserve (memory v1) never rests."""
 DRIVER = "driver"
 INIT_ALLOW_S = 60.0
 """How long nvmlInit may take before its thread is given up: without persistence mode the driver
@@ -366,8 +369,13 @@ class NvmlSource(MigReading, ClockReading):
                 and None not in (mem, procs, bits)
                 and not state.failing
             )
-        resting = self._at_rest(state, t_s, util, procs)
-        history = (UtilPoint(t_s, 0.0),) if resting else self._history(state, t_s)
+        resting = self._at_rest(state, t_s, util, procs, mem)
+        if resting:
+            history: tuple[UtilPoint, ...] = (UtilPoint(t_s, 0.0),)
+        else:
+            history = self._history(state, t_s)
+            if state.quiet_since is not None and any(p.util_ratio for p in history):
+                state.quiet_since = None  # a kernel ran within the second, whatever the tick read
         gpm = self._gpm_activity(state, t_s) if not state.gpm_checked or state.gpm is not None else None
         if state.activity is not None:  # no utilization samples here: GPM's activity instead
             history, gpm = self._drain(state, t_s)
@@ -421,25 +429,32 @@ class NvmlSource(MigReading, ClockReading):
             ),
         )
 
-    def _at_rest(self, state: GpuState, t_s: float, util: Any, procs: Any) -> bool:
-        """No process on the GPU and 0% utilization at every tick for REST_AFTER_S: its utilization
-        samples and PCIe counters are not read (on an H200 nvmlDeviceGetSamples cost 1.4 ms of CPU
-        a call, nvmlDeviceGetFieldValues 0.3 ms: most of an idle daemon's second there, and what
-        nvitop-exporter does not pay; docs/gpu-check.md). Its utilization reading stands for the
-        second instead: one point of 0%, as a GPU sampled once a second reads. A process listed, or
-        any utilization (kernels whose processes the driver does not list), and the samples are read
-        again at once, from the last seen: the ring still holds the seconds since, and those up to
-        the last tick at rest are left out (its point stood for them)."""
+    def _at_rest(self, state: GpuState, t_s: float, util: Any, procs: Any, mem: Any) -> bool:
+        """No process on the GPU, no memory in use and 0% utilization, at every tick and in every
+        sample read, for REST_AFTER_S: its utilization samples and PCIe counters are not read (on
+        an H200 nvmlDeviceGetSamples cost 1.4 ms of CPU a call, nvmlDeviceGetFieldValues 0.3 ms:
+        most of an idle daemon's second there, and what nvitop-exporter does not pay;
+        docs/gpu-check.md). Its utilization reading stands for the second instead: one point of
+        0%, as a GPU sampled once a second reads. A process listed, memory in use (any CUDA
+        context holds some: a job whose processes the driver does not list) or any utilization,
+        and the samples are read again at once, from the last seen: the ring still holds the
+        seconds since, and those up to the last tick at rest are left out (its point stood for
+        them)."""
         if (
             procs is None
             or procs is _UNREAD
             or len(procs)
             or util is None
             or _number(util, "gpu")
+            or mem is None
+            or mem is _UNREAD
+            or _number(mem, "used") > REST_MAX_USED_BYTES
             or state.migs
             or state.activity is not None
             or "samples" in state.unsupported
         ):
+            if state.rested_to is not None and state.quiet_since is not None:
+                state.waking = True  # the first reading probes the ring (a clock stepped back)
             state.quiet_since = None
             return False
         if state.quiet_since is None:
@@ -518,7 +533,7 @@ class NvmlSource(MigReading, ClockReading):
         state.last_seen_ts_us = newest
         points = to_points(fresh, offset)
         if state.rested_to is not None:  # waking: the samples up to the last tick at rest stood for
-            rested, state.rested_to = state.rested_to, None
+            rested, state.rested_to, state.waking = state.rested_to, None, False
             points = [p for p in points if p.t_s > rested]
         if state.first_poll:
             # The buffer's history from before we started: keep only the last second of it.
@@ -543,7 +558,8 @@ class NvmlSource(MigReading, ClockReading):
         n = n + 1 if since == last else 1
         state.stale = (last, n)
         k, r = divmod(n, AHEAD_POLLS)
-        if r or (k & (k - 1) if n < STALE_PROBE_MAX_POLLS else n % STALE_PROBE_MAX_POLLS):
+        waking, state.waking = state.waking, False  # at rest the ring was not looked at: look now
+        if not waking and (r or (k & (k - 1) if n < STALE_PROBE_MAX_POLLS else n % STALE_PROBE_MAX_POLLS)):
             return ()
         try:
             value_type, raw = self._read_samples(state.handle, GPU_UTILIZATION_SAMPLES, 0)

@@ -71,6 +71,9 @@ class GpuState:
     one, or is busy): after source.REST_AFTER_S of that it is at rest (source._at_rest)."""
     rested_to: float | None = None
     """The last tick read at rest: the driver's samples up to it are not taken again on waking."""
+    waking: bool = False
+    """Woken from rest, nothing read since: a reading with nothing new looks at the whole ring at
+    once (source._stale), as a clock stepped back while at rest (a GPU reset) would hide the job."""
 
     @property
     def tag(self) -> str:
