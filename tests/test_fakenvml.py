@@ -172,8 +172,8 @@ def test_gpustat_and_nvitop_agree_with_gpumon_at_the_same_instant(library: Path,
 
     p = run([bin_of("nvitop"), "-1"], env)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    unit = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    rows = re.findall(r"(\d+(?:\.\d+)?)([KMG]iB) / (\d+(?:\.\d+)?)([KMG]iB) │\s+(\d+)%", p.stdout)
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}  # an idle GPU's memory in use: "0B"
+    rows = re.findall(r"(\d+(?:\.\d+)?)(B|[KMG]iB) / (\d+(?:\.\d+)?)([KMG]iB) │\s+(\d+)%", p.stdout)
     assert len(rows) == len(ours), p.stdout
     for g, (used, used_unit, total, total_unit, util) in zip(ours, rows):
         assert float(used) * unit[used_unit] == pytest.approx(g["mem_used_bytes"], rel=0.001)
