@@ -25,6 +25,8 @@ mode does while it sets its GPUs up (on the order of a second on a multi-GPU hos
 nvidia-persistenced, milliseconds): gpumon opens the driver while it imports the rest of itself.
 
 Goals (issue 29): idle ratio <= 0.5 and <= 0.15% of a core; first-sample ratio <= 1.0.
+--scenarios idle: the stand-in's GPUs at rest (no job, no memory in use), as the lent H200 was:
+gpumon then stops asking for their samples after 30 s (warm up past it, --warmup 35).
 Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[dev]'`).
 
 --real: the machine's own GPUs through its driver, not the stand-in (benchmarks/gpu_check.sh; --gpus
@@ -185,6 +187,10 @@ def time_to_first(e: Exporter, env: dict[str, str], tmp: Path, limit_s: float = 
         stop(proc)
 
 
+BUSY = "healthy,starved-cpu,starved-io,underutilized"
+"""The stand-in's GPUs by default: all busy, each with a job (issue 29's idle is "nobody scrapes")."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", choices=["nvitop-exporter"], help="run this exporter beside gpumon")
@@ -197,10 +203,24 @@ def main() -> None:
         "--driver-init-ms", type=float, default=0.0, help="the stand-in's nvmlInit takes this long"
     )
     ap.add_argument("--real", action="store_true", help="the machine's own GPUs, not the stand-in")
+    ap.add_argument(
+        "--scenarios",
+        default=BUSY,
+        help=f"what the stand-in's GPUs do, in turn (default {BUSY}; `idle`: a node at rest)",
+    )
     args = ap.parse_args()
     if args.real and args.driver_init_ms:
         ap.error("--driver-init-ms: the stand-in's; not with --real")
+    if args.real and args.scenarios != BUSY:
+        ap.error("--scenarios: the stand-in's; not with --real")
     sys.path.insert(0, str(ROOT))
+    from gpumon.core.errors import UsageError
+    from gpumon.sim.scenarios import parse_scenarios
+
+    try:
+        parse_scenarios(args.scenarios)
+    except UsageError as e:
+        ap.error(f"--scenarios: {str(e).removeprefix('--simulate: ')}")
 
     # as pip does at install (a no-op where the bytecode is current)
     compileall.compile_dir(ROOT / "gpumon", quiet=1)
@@ -219,7 +239,7 @@ def main() -> None:
 
             config = driver.simulated_config(
                 tmp,
-                "healthy,starved-cpu,starved-io,underutilized",
+                args.scenarios,
                 gpus=args.gpus,
                 seconds=300,
                 faults=(f"init_delay_us {round(args.driver_init_ms * 1000)}",) if args.driver_init_ms else (),

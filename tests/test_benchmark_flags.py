@@ -90,3 +90,14 @@ def test_a_real_gpu_pair_whose_trace_gpumon_cannot_read_says_so_with_its_exit_co
     )
     assert p.returncode == 4, p.stderr  # gpumon's exit code for a trace it cannot read
     assert p.stderr.strip() == f"advice: {trace}: empty file: not a gpumon trace"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["serve_idle", "--scenarios", "idle,nope"], "--scenarios: unknown scenario 'nope'; known: healthy,"),
+        (["serve_idle", "--real", "--scenarios", "idle"], "--scenarios: the stand-in's; not with --real"),
+    ],
+)
+def test_serve_idle_refuses_scenarios_it_cannot_run_in_one_line(argv: list[str], said: str) -> None:
+    assert said in refusal(argv)
