@@ -62,10 +62,10 @@ echo "== each NVML call's cost on this driver (CPU and wall ms, median of 15)"
 timeout 60 "$PY" -m benchmarks.nvml_calls --calls 15 || echo "gpu_check: nvml_calls failed"
 echo "== NVML and GPM cost per tick on this machine's GPUs (CPU ms, median of 3 x 30 ticks)"
 timeout 120 "$PY" -m benchmarks.nvml_cost --real --ticks 30 --repeats 3 || echo "gpu_check: nvml_cost failed"
-echo "== gpumon serve at rest on the real GPU (issue 29): CPU, wake-ups, first sample, nothing held on the GPU"
-timeout 150 "$PY" -m benchmarks.serve_idle --real --peer nvitop-exporter --rounds 2 --seconds 20 --warmup 5 --starts 5 \
+echo "== gpumon serve at rest on the real GPU (issue 29): CPU, wake-ups, first sample, nothing held on the GPU; measured past REST_AFTER_S (30 s), when an idle GPU is no longer asked for its samples"
+timeout 210 "$PY" -m benchmarks.serve_idle --real --peer nvitop-exporter --rounds 2 --seconds 20 --warmup 35 --starts 5 \
   || { echo "gpu_check: serve_idle beside nvitop-exporter failed; gpumon alone";
-       timeout 100 "$PY" -m benchmarks.serve_idle --real --rounds 1 --seconds 20 --warmup 5 --starts 5 \
+       timeout 100 "$PY" -m benchmarks.serve_idle --real --rounds 1 --seconds 20 --warmup 35 --starts 5 \
          || echo "gpu_check: serve_idle failed"; }
 echo "== data-parallel ranks (issue 18)"
 ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
