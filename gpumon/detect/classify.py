@@ -246,8 +246,7 @@ def classify(
         and child < min(main, th.pinned_core)
         and runq < LOOP_WORK_MAX_RUNQ
     )
-    held_starved = current is not None and current.startswith(State.STARVED)
-    if held_starved:
+    if current is not None and current.startswith(State.STARVED):
         busy_line, idle_workers = LOOP_STARVED_DUTY + th.hysteresis, LOOP_IDLE_WORKERS - 2 * th.hysteresis
     elif current is not None and current.startswith((State.UNDERUTILIZED, State.HEALTHY)):
         busy_line, idle_workers = LOOP_STARVED_DUTY - th.hysteresis, LOOP_IDLE_WORKERS + 2 * th.hysteresis
@@ -312,7 +311,7 @@ def classify(
             Cause.CPU,
             short,
             f"GPU idle {idle_share:.0%} of the time while the job's processes wait for a CPU "
-            f"{waits:.2f} cores' worth (the most any one wants: {demand or 0.0:.0%} of a core): "
+            f"{waits:.2f} cores' worth (the most any one wants: {demand:.0%} of a core): "
             "the input pipeline is CPU-bound on a busy host",
         )
     if bursty:

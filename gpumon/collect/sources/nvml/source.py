@@ -67,13 +67,12 @@ STALE_PROBE_MAX_POLLS = 60
 read once after AHEAD_POLLS such readings, then after twice as many, and so on up to once every
 this many (see NvmlSource._stale): an idle GPU costs few calls more."""
 REST_AFTER_S = 30.0
-"""A GPU with no process and 0% utilization at every tick for this long is at rest: its samples and
-PCIe counters are not read until a process or any utilization shows (NvmlSource._at_rest). Long
-enough that a job whose processes the driver does not list, and whose kernels run now and then,
-shows utilization at some tick first."""
+"""A GPU with no process, no memory in use and 0% in every tick and sample for this long is at
+rest: its samples and PCIe counters are not read until a process, memory or any utilization shows
+(NvmlSource._at_rest)."""
 REST_MAX_USED_BYTES = 64 * 2**20
 """A GPU using more memory than this is never at rest: every CUDA context holds hundreds of MB (an
-idle H200 read 0 MiB in use). A driver whose "used" counts its reserve (memory v1) never rests."""
+idle H200 read 0-3 MiB in use). A driver whose "used" counts its reserve (memory v1) never rests."""
 DRIVER = "driver"
 INIT_ALLOW_S = 60.0
 """How long nvmlInit may take before its thread is given up: without persistence mode the driver

@@ -67,8 +67,9 @@ class GpuState:
     clock_s: dict[str, float] = field(default_factory=dict)
     xid_registered: bool = False
     quiet_since: float | None = None
-    """Since when the GPU has had no process and read 0% utilization at every tick (None: it has
-    one, or is busy): after source.REST_AFTER_S of that it is at rest (source._at_rest)."""
+    """Since when the GPU has had no process, no memory in use and 0% in every tick and sample
+    (None: it has one, or is busy): after source.REST_AFTER_S of that it is at rest
+    (source._at_rest)."""
     rested_to: float | None = None
     """The last tick read at rest: the driver's samples up to it are not taken again on waking."""
     waking: bool = False
