@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.accuracy import run as score_corpus
+from gpumon.analyze import corpus
 from gpumon.analyze.corpus import generate
 from gpumon.analyze.trace_report import analyze
 from gpumon.detect.thresholds import Thresholds
+from gpumon.sim import scenarios
 from gpumon.sim.scenarios import SCENARIOS, SWITCH_S
 
 from .conftest import gpumon
@@ -173,3 +175,20 @@ def test_watch_prints_a_line_per_gpu_per_interval_and_flags_the_starved_one() ->
     assert "healthy" in last["1"]
     assert "simulated" in p.stdout.splitlines()[0]
     assert "\x1b[" not in p.stdout  # no colour codes when not on a terminal
+
+
+def test_an_episode_s_mean_duty_is_that_of_its_own_windows_not_of_the_next_state_s_first(
+    tmp_path: Path,
+) -> None:
+    """The demo's report began "idle (6 s, mean duty 78%)": the job's first kernels, read while the
+    change to healthy awaited its confirmation, counted in the idle episode. An episode's mean duty
+    is over the windows that read its own state; the next episode's own windows read busy."""
+    idle, fed = scenarios.IDLE, scenarios.HEALTHY
+    life = scenarios.Scenario("idle-then-job", "a short idle, then a fed job", ((0.0, idle), (8.0, fed)))
+    trace = tmp_path / "t.jsonl"
+    corpus.record(corpus.Case("x", 3, 1 / 6, 60, 0.05, (life,)), str(trace))
+    episodes = [e for e in analyze(str(trace)).gpus[0].episodes if e.state != "unknown"]
+    assert [e.label for e in episodes] == ["idle", "healthy"], episodes
+    first, then = episodes
+    assert first.mean_duty is not None and first.mean_duty < 0.05, first.mean_duty
+    assert then.mean_duty is not None and then.mean_duty > 0.9, then.mean_duty

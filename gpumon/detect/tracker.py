@@ -120,6 +120,11 @@ class _Open:
     wasted_gpu_s: float = 0.0
     duty_sum: float = 0.0
     duty_n: int = 0
+    agreed_duty_sum: float = 0.0
+    agreed_duty_n: int = 0
+    """The same over the windows whose own classification agrees with the episode: its mean duty,
+    where it has any (an idle episode's last windows, the next job's first kernels awaiting their
+    confirmation, read 80-99% busy: the demo's idle start read "mean duty 78%")."""
     recent: deque[tuple[float, float, Evidence]] = field(default_factory=deque)
     """Agreeing windows whole inside the episode, not yet a window older than the last agreeing one."""
     settled: tuple[float, dict[str, Any]] | None = None
@@ -356,6 +361,8 @@ class StarvationDetector:
         op.duty_n += 1
         if not agrees:
             return  # a window that says something else (a teardown, a start-up): never the evidence
+        op.agreed_duty_sum += duty
+        op.agreed_duty_n += 1
         window = self.thresholds.window_s
         if op.fallback is None or duty < op.fallback[0]:
             op.fallback = (duty, ev.as_dict())
@@ -376,7 +383,7 @@ class StarvationDetector:
             start_s=op.start_s,
             end_s=end,
             wasted_gpu_s=round(op.wasted_gpu_s, 3),
-            mean_duty=round(op.duty_sum / op.duty_n, 4) if op.duty_n else None,
+            mean_duty=_mean_duty(op),
             worst=op.worst,
             reason=op.reasons.get(cause, op.reason),
             causes=tuple(op.causes),
@@ -453,3 +460,11 @@ class FleetDetector:
             if (v.index, v.uuid) != key and v.evidence.duty_cycle is not None
         ]
         return min(found, key=lambda v: v.evidence.duty_cycle or 0.0) if found else None
+
+
+def _mean_duty(op: _Open) -> float | None:
+    """An episode's mean duty cycle: over its windows that read its own state and cause, else (none
+    did: a short episode of changes) over all of its windows."""
+    if op.agreed_duty_n:
+        return round(op.agreed_duty_sum / op.agreed_duty_n, 4)
+    return round(op.duty_sum / op.duty_n, 4) if op.duty_n else None
