@@ -32,7 +32,7 @@ echo "== gpumon record on the real GPU, while the bench trains: fed 60 s, then s
 # stopped by SIGTERM once both runs are over (the trace ends whole); --duration only caps it
 "$PY" -m gpumon record --duration 400 -o "$OUT/gpu-trace.jsonl" --force &   # not through g(): $! is gpumon
 rec=$!
-sleep 3
+sleep 20   # with the job's ~15 s of imports, the GPU idles past REST_AFTER_S (30 s): waking is checked below
 rm -f "$OUT/truth.jsonl" "$OUT/w2-truth.jsonl"
 for p in fed starved-cpu; do
   echo "-- bench $p"
@@ -40,6 +40,18 @@ for p in fed starved-cpu; do
 done
 sleep 2
 kill -TERM $rec; wait $rec
+echo "== a GPU at rest and its waking on the real driver: ticks read at rest, then the job's first ticks"
+"$PY" - "$OUT/gpu-trace.jsonl" <<'PYEOF' || echo "gpu_check: the rest check failed"
+import sys
+from gpumon.trace.reader import read_trace
+ticks = [(t.t_s, t.gpus[0]) for t in read_trace(sys.argv[1]).ticks if t.gpus]
+rest = [t for t, g in ticks if len(g.util_history) == 1 and not g.processes]
+job = next((i for i, (t, g) in enumerate(ticks) if g.processes), None)
+print(f"ticks at rest (one point, no process): {len(rest)}, from {rest[0]:.0f} s" if rest else "no tick at rest")
+if job is not None:
+    for t, g in ticks[job : job + 4]:
+        print(f"  {t:6.1f} s: {len(g.processes)} process(es), {len(g.util_history)} samples, util {g.util_ratio}")
+PYEOF
 echo "== gpumon analyze"
 g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl" --plot "$OUT/gpu-check.png" || \
   g analyze "$OUT/gpu-trace.jsonl" --truth "$OUT/truth.jsonl"
