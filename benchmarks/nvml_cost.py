@@ -103,7 +103,9 @@ def interleaved(contenders: dict[str, tuple[Callable[[], object], int]], repeats
 THREAD_CPU: dict[str, float] = {}
 """The same medians, of the measuring thread's own CPU only (printed with --real: on the H200 the
 bare calls with nvmlDeviceGetPcieThroughput cost 94.5 ms of the process's CPU a tick, against
-2 x 0.87 ms measured call by call, and which threads spent it was not known)."""
+2 x 0.87 ms measured call by call; on a later H200 the bare calls took 10.4 ms of the process's
+CPU a tick and 3.6 ms of the measuring thread's: the rest is other threads, the driver's or the
+kept sources' XID waits, which this does not tell apart)."""
 
 
 def child(ticks: int, repeats: int, peers: bool) -> None:

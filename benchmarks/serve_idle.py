@@ -32,8 +32,9 @@ Without --peer, gpumon alone. The peer is in the dev extra (`pip install -e '.[d
 --real: the machine's own GPUs through its driver, not the stand-in (benchmarks/gpu_check.sh; --gpus
 does not apply). During each round it also prints what each exporter holds on the GPU: whether
 nvidia-smi lists it as a compute process (a CUDA context and its GPU memory would show there), and
-which libcuda file is mapped into its process, if any (on the H200 one was, in gpumon's, while
-nvidia-smi listed no context: docs/gpu-check.md).
+which libcuda file is mapped into its process, if any (on the H200 the driver's own
+libcuda.so.580.159.04 was, in both exporters', NVML loading it, while nvidia-smi listed neither as
+a compute process: docs/gpu-check.md).
 """
 
 from __future__ import annotations

@@ -409,10 +409,10 @@ def _stop_hogs(pids: list[int]) -> None:
 MODELS = ("small", "gpu")
 """small: a few MFLOP a sample, for CPUs (and simulated GPUs, whose steps are sleeps); gpu: three
 1024-channel convolutions at full resolution (~115 GFLOP a sample, forward and backward: ~7 TFLOP a
-step at batch 64, some 25 ms of an H200 in TF32), so that a fed job keeps a data-centre GPU busy
-beyond Keras's ~10 ms of host work a step. On an H200 the small model's step was ~0.5 ms of GPU
-work: fed at batch 64, the GPU idled 95% of the time, and starved, NVML's utilization read 0%
-(docs/gpu-check.md). Not yet run on a GPU."""
+step at batch 64), so that a fed job keeps a data-centre GPU busy beyond Keras's host work a step.
+On an H200 the small model's step was ~0.5 ms of GPU work: fed at batch 64, the GPU idled 95% of
+the time, and starved, NVML's utilization read 0%. The gpu model there: fed 23 steps/s with the
+GPU 63-79% busy, starved by one loader worker ~4 steps/s at ~12% (docs/gpu-check.md, runs 3-4)."""
 
 
 def build_model(size: str = "small") -> keras.Model:
