@@ -95,3 +95,22 @@ def test_more_loader_workers_are_predicted_within_a_quarter_of_what_they_bought_
     assert g.fix.workers == 1
     predicted = next(c.speedup for c in g.fix.candidates if c.workers == workers)
     assert abs(predicted - measured) / measured <= 0.25, (predicted, measured)
+
+
+def test_the_most_a_fix_buys_on_a_real_gpu_is_what_the_fed_job_ran() -> None:
+    """Run 3 trained the same GPU model fed (its input always ready) before the starved job: the
+    most any input-side fix can buy the starved job is what the fed one ran, 6.3x its steps per
+    second (medians of their truth windows). 1 / duty said 8.4x: the GPU was never the limit, the
+    training loop's own work a step was (its process at 0.16 of a core starved, at a core fed).
+    gpumon's best change and its cache now say what the fed job ran, within 10%."""
+    fed = truth_rate(GPU_MODEL.with_name("2026-12-04-run3-truth.jsonl"), "fed")
+    starved = truth_rate(GPU_MODEL.with_name("2026-12-04-run3-truth.jsonl"), "starved-cpu")
+    assert fed is not None and starved is not None
+    most = fed[0] / starved[0]
+    (g,) = analyze(str(GPU_MODEL)).gpus
+    assert g.fix is not None and g.fix.best is not None and g.fix.cache is not None
+    assert g.fix.ceiling is not None and g.fix.ceiling > 1.25 * most  # the GPU's ceiling alone overshoots
+    assert g.fix.best.limit == "loop", g.fix.line()
+    assert "the training loop is the limit" in g.fix.line()
+    for said in (max(c.speedup for c in g.fix.candidates), g.fix.cache.speedup):
+        assert abs(said - most) / most <= 0.10, (said, most)

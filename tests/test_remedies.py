@@ -64,10 +64,18 @@ def speedups(a: Advice) -> dict[int, float]:
 # (name, inputs, cause, expected: best workers (None: no gain), its speed-up, what binds beyond it)
 TABLE = [
     (
-        "one pinned worker, quiet host: more workers reach the GPU's ceiling (1/duty = 4x)",
-        IDLE_8,
+        "one pinned worker, quiet host, a training process at 0.2 of a core: more workers reach the "
+        "GPU's ceiling (1/duty = 4x)",
+        IDLE_8._replace(main_cores=0.2, host_busy_cores=1.25),
         Cause.CPU,
         (4, 4.0, Limit.GPU),
+    ),
+    (
+        "the same with the training process at 0.3 of a core: its loop, on one core, binds first "
+        "(1/0.3 = 3.33x)",
+        IDLE_8,
+        Cause.CPU,
+        (4, 3.33, Limit.LOOP),
     ),
     (
         "the same on 2 cores: the second worker and the main process fill them",
@@ -223,6 +231,8 @@ def test_what_a_fix_buys_table(name: str, inputs: RemedyInputs, cause: Cause, ex
     ceiling = 1 / inputs.duty
     assert advice.ceiling == pytest.approx(ceiling)
     assert all(c.speedup <= ceiling + 1e-9 for c in advice.candidates)
+    if inputs.main_cores and inputs.main_cores < 1:
+        assert all(c.speedup <= 1 / inputs.main_cores + 1e-6 for c in advice.candidates)
     if expected is None:
         assert advice.best is None and advice.no_gain, (name, speedups(advice))
         assert "gain nothing" in advice.line() and "CPUs are the limit" in advice.line()
@@ -243,10 +253,42 @@ def test_one_worker_more_on_a_quiet_host_buys_a_workers_worth() -> None:
 
 
 def test_the_line_names_the_change_and_what_binds_beyond_it() -> None:
-    assert cpu(IDLE_8).line("DataLoader(num_workers)") == (
+    lean = IDLE_8._replace(main_cores=0.2, host_busy_cores=1.25)
+    assert cpu(lean).line("DataLoader(num_workers)") == (
         "raise DataLoader(num_workers) 1 -> 4: about 4.0x steps/s; beyond 4, the GPU is the limit; "
         "caching decoded samples: about 4.0x"
     )
+    assert cpu(IDLE_8).line("DataLoader(num_workers)") == (
+        "raise DataLoader(num_workers) 1 -> 4: about 3.3x steps/s; beyond 4, the training loop is the "
+        "limit; caching decoded samples: about 3.3x"
+    )
+
+
+def test_the_training_loop_on_one_core_bounds_what_a_fix_buys() -> None:
+    """A starved job's training process does its own work a step (launching kernels, a synchronize
+    that spins while the GPU computes, collating) on one core: with input for free it reaches 1 / its
+    CPU, not 1 / duty. On an H200 (2026-12-04, run 3) the process read 0.16 of a core, the GPU 12% busy:
+    fed, the job ran 6.3x, where 1/duty said 8.4x."""
+    h200 = IDLE_8._replace(
+        duty=0.12, cpu_count=16, main_cores=0.16, worker_cores=0.99, busiest_worker_cores=0.99,
+        host_busy_cores=1.2,
+    )  # fmt: skip
+    advice = cpu(h200)
+    assert advice.ceiling == pytest.approx(1 / 0.12)  # the GPU's ceiling is still said
+    assert advice.best is not None and advice.best.limit == Limit.LOOP
+    assert max(c.speedup for c in advice.candidates) == pytest.approx(1 / 0.16, abs=0.01)
+    assert 0.95 / 0.16 <= advice.best.speedup <= 1 / 0.16 + 1e-6  # the smallest change near the most
+    assert advice.cache is not None and advice.cache.speedup == pytest.approx(1 / 0.16, abs=0.02)
+    assert speedups(advice)[2] == pytest.approx(2 / 0.99, abs=0.01)  # below the bound: a worker's worth
+    # nearly a core already: nothing more from workers, and the line says why
+    busy_loop = cpu(IDLE_8._replace(main_cores=0.95, host_busy_cores=2.0))
+    assert busy_loop.best is None and "the training loop is the limit" in busy_loop.line()
+    assert "95% of a core" in busy_loop.line()
+    # more than one core: the process is more than its loop's thread (native ops on their own
+    # threads), and no bound is read from it; with its queue waiting for a CPU, the workers'
+    # contention is what the model says
+    threaded = cpu(IDLE_8._replace(main_cores=1.4, host_busy_cores=2.45, runq_cores=0.5))
+    assert all(c.limit != Limit.LOOP for c in threaded.candidates)
 
 
 def test_a_fed_gpu_has_nothing_to_gain_on_the_input_side() -> None:

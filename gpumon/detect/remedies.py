@@ -10,7 +10,9 @@ The model, in steps per second relative to today's (`speedup` 1.0 is no change):
   times today's worker CPU, spread over the new number of workers, each at most one core (a worker
   is one single-threaded process). A storage-bound loader's workers each keep one read in flight:
   `s` times the steps needs `s` times today's readers' streams;
-- the main process needs `s` times its CPU too (launching kernels, collating, the training loop);
+- the main process needs `s` times its CPU too (launching kernels, collating, the training loop),
+  and its loop gets one core at most: `s` is at most 1 / its CPU where that is under a core (its
+  Python runs one thread at a time; CUDA's synchronize spins it while the GPU computes);
 - the cores the job can have: on a host with idle cores, all but what other users' work uses; on
   a saturated one, Linux shares the machine fairly among the scheduling groups that want CPU, so
   the job gets at most its share among them however many workers it adds, and within that more
@@ -53,6 +55,15 @@ WORKER_SATURATED = 0.90
 default); below it, beside a busier training process, the workers have CPU to spare."""
 MIN_WINDOWS = 5
 """Windows of an episode (one per tick) a prediction needs: fewer is too noisy to name a number."""
+LOOP_CORES = 1.0
+"""The training process's own work a step (its loop: launching kernels, waiting on them, collating
+what the workers send) runs on one core at most: its Python runs one thread at a time, and a
+synchronize spins that thread while the GPU computes. Where the process reads less than this,
+`s` times the steps needs `s` times its CPU, so `s` is at most LOOP_CORES / its CPU (on an H200,
+2026-12-04: a starved job's training process at 0.16 of a core and its GPU at 12% of the time;
+fed, it reached 6.3x, at 1.07 cores, where 1/duty said 8.4x). A process that reads more is more
+than one thread's work (native ops on threads of their own): no bound is read from it."""
+"""Windows of an episode (one per tick) a prediction needs: fewer is too noisy to name a number."""
 
 
 class Kind(StrEnum):
@@ -73,6 +84,8 @@ class Limit(StrEnum):
     """The host's cores, shared with the main process and other users."""
     STORAGE = "storage"
     """The storage device's utilization reaches 100%."""
+    LOOP = "loop"
+    """The training process's own loop: a core's worth of its work a step (LOOP_CORES)."""
 
 
 class RemedyInputs(NamedTuple):
@@ -234,6 +247,7 @@ class Advice(NamedTuple):
             Limit.CPU: "the host's CPUs are the limit",
             Limit.STORAGE: "the storage is the limit",
             Limit.LOADER: "more workers would still add",
+            Limit.LOOP: "the training loop is the limit",
         }[b.limit]
         return (
             f"raise {workers_knob} {self.workers} -> {b.workers}: about {b.speedup:.1f}x steps/s; "
@@ -369,8 +383,11 @@ def _speedup(
             io_cap = min(io_cap, 1.0 / i.disk_busy_ratio)
     worker_cpu = 0.0 if cache and cause == Cause.CPU else i.worker_cores
     main = i.main_cores + i.peer_cores  # the job's other ranks here step with it
+    loop_cap = LOOP_CORES / i.main_cores if 0.0 < i.main_cores < LOOP_CORES else math.inf
 
     def binding(s: float) -> Limit | None:
+        if s > loop_cap + 1e-9:
+            return Limit.LOOP  # the training loop's own work a step, on one core at most
         per_worker = worker_cpu * s / workers
         if per_worker > 1.0:
             return Limit.LOADER  # each worker is one process: a core at most
@@ -497,6 +514,7 @@ def predict(
             Limit.CPU: "the host's CPUs",
             Limit.STORAGE: "the storage device",
             Limit.LOADER: "the loader",
+            Limit.LOOP: "the training loop",
         }[best.limit]
         why = f"beyond {best.workers} workers, {why} is the limit"
     else:
@@ -512,6 +530,11 @@ def _no_gain_why(i: RemedyInputs, cause: Cause, limit: Limit) -> str:
         return f"the storage device is {100 * (i.disk_busy_ratio or 0):.0f}% busy"
     if limit == Limit.GPU:
         return "the GPU is the limit"
+    if limit == Limit.LOOP:
+        return (
+            f"the training loop is the limit: its process reads {i.main_cores or 0.0:.0%} of a core, "
+            "and its own work a step runs on one"
+        )
     return (
         f"the host's CPUs are the limit ({busy:.1f} of {cores} cores busy, the job {job:.1f}, "
         f"other processes {max(0.0, busy - job):.1f})"
