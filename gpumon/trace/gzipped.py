@@ -91,6 +91,26 @@ class TooCompressed(Exception):
         self.inflated = inflated
 
 
+SALVAGE_PIECE = 16
+"""A damaged chunk is inflated again this many compressed bytes at a time, so that what comes before
+the damage is read (one 4 KiB call raises with none of its output: a segment of ~5 KB, the whole of
+a minute's recording, lost every record to 8 bad bytes two thirds in)."""
+
+
+def _before_damage(z: Any, data: bytes, most: int) -> bytes:
+    """What `z` (a copy of the decompressor before `data`) inflates of `data` before the piece in
+    which the damage lies: at most `most` bytes."""
+    out = bytearray()
+    for i in range(0, len(data), SALVAGE_PIECE):
+        try:
+            out += z.decompress(data[i : i + SALVAGE_PIECE], most - len(out) + 1)
+        except zlib.error:
+            break
+        if len(out) > most or z.unconsumed_tail or z.eof:
+            break
+    return bytes(out[:most])
+
+
 class GzipLines:
     """The lines of a gzip stream as (raw_line, offset), offset being the compressed byte the
     stream had reached; memory stays bounded (a line is cut at MAX_PENDING bytes). A torn stream (a
@@ -116,10 +136,19 @@ class GzipLines:
         while chunk := self._f.read(CHUNK):
             data = chunk
             while data:
+                before = z.copy()  # (~1 us): what a damaged chunk inflates before the damage
                 try:
                     out = z.decompress(data, MAX_PENDING)
                 except zlib.error as e:
                     e.offset = self.offset  # type: ignore[attr-defined]
+                    # the whole lines before the damage are records like any other: the chunk
+                    # again in small pieces, up to the piece that fails (its partial line dropped)
+                    out = _before_damage(before, data, MAX_PENDING - len(pending))
+                    pending += out
+                    start = 0
+                    while (nl := pending.find(b"\n", start)) >= 0:
+                        yield bytes(pending[start : nl + 1]), self.offset
+                        start = nl + 1
                     raise
                 self.inflated += len(out)
                 if self.inflated > RATIO_FREE_BYTES + MAX_RATIO * (self.offset + len(chunk)):
