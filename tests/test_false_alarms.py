@@ -14,6 +14,7 @@ import pytest
 
 from gpumon.analyze.trace_report import Analysis, analyze, to_json
 from gpumon.detect.thresholds import Thresholds
+from gpumon.trace.reader import read_trace
 
 from .conftest import gpumon
 from .fakenvml import driver
@@ -111,6 +112,64 @@ def test_a_job_whose_loader_crawls_is_starved_not_stalled(tmp_path: Path) -> Non
     crawling = [e for e in a.gpus[0].episodes if e.start_s >= 30 and e.state != "unknown"]
     assert crawling and all(e.label == "starved-cpu" for e in crawling), labels(a, 0)
     assert labels(a, 1) == ["stalled"], labels(a, 1)
+
+
+def test_a_fresh_job_whose_kernels_only_gpm_sees_is_starved_not_starting(tmp_path: Path) -> None:
+    """On an H200 a small model fed by one busy loader worker stepped 6 times a second while NVML's
+    utilization read 0-1% from its first step (docs/gpu-check.md, runs 1 and 2): gpumon read it
+    `starting` for its whole minute, and past the grace it would have been `stalled`, a hung job,
+    the critical alert. GPM's SM activity saw its kernels in every tick (0.1%): a job whose kernels
+    GPM sees for KERNEL_TICKS ticks in a row has run, and is judged: starved by its loader here."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0, "gpm": True}
+    crawl = replace(sc.STARVED_CPU, compute_s=0.001, wait_s=0.16, main_cpu=0.15, workers=1, worker_cpu=1.0)
+    life = sc.Scenario(
+        "small-model",
+        "starts up, then steps with kernels NVML's utilization rounds to nothing",
+        ((0.0, replace(sc.STARTING, **fresh)), (10.0, replace(crawl, **fresh))),  # type: ignore[arg-type]
+        ((0.0, "starting"), (10.0, "starved")),
+    )
+    trace = tmp_path / "small.jsonl"
+    record(Case("small-model", 0, 1 / 6, 60, 0.05, (life,)), str(trace))
+    tr = analyze(str(trace))
+    episodes = [e for e in tr.gpus[0].episodes if e.state != "unknown"]
+    assert [e.label for e in episodes] == ["starting", "starved-cpu"], labels(tr)
+    assert 10 <= episodes[1].start_s <= 20, episodes[1].start_s
+
+
+def test_a_start_up_whose_gpm_shows_a_moment_of_kernels_is_still_starting(tmp_path: Path) -> None:
+    """The false alarm on the other side: a job that runs a second or two of small kernels while
+    it starts (initialisation, a warm-up), then goes on starting up on the CPU, is `starting`, not
+    starved or stalled: GPM must see kernels in KERNEL_TICKS ticks in a row."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0, "gpm": True}
+    starting = replace(sc.STARTING, **fresh)
+    blip = replace(
+        sc.STARVED_CPU, compute_s=0.001, wait_s=0.05, main_cpu=0.9, workers=0, worker_cpu=0.0, **fresh
+    )
+    life = sc.Scenario(
+        "warm-up",
+        "starts up with two seconds of small kernels, then compiles on the CPU",
+        ((0.0, starting), (8.0, blip), (10.0, starting)),  # type: ignore[arg-type]
+        ((0.0, "starting"),),
+    )
+    trace = tmp_path / "warm.jsonl"
+    record(Case("warm-up", 0, 1 / 6, 60, 0.05, (life,)), str(trace))
+    tr = analyze(str(trace))
+    ticks = read_trace(str(trace)).ticks
+    active = [
+        t.t_s - ticks[0].t_s for t in ticks if t.gpus[0].gpm and (t.gpus[0].gpm.sm_active_ratio or 0) > 0
+    ]
+    assert active and all(6 <= t <= 12 for t in active), active  # GPM saw the warm-up's kernels
+    assert labels(tr) == ["starting"], labels(tr)
 
 
 # -- a job change -------------------------------------------------------------------------------------

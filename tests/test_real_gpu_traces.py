@@ -52,6 +52,23 @@ def test_a_host_bound_job_on_a_real_gpu_is_flagged_and_its_loop_named(trace: Pat
     assert len({e.job for e in jobs}) == 2, "two jobs, one after the other"
 
 
+@pytest.mark.parametrize("trace", SMALL_MODEL, ids=lambda p: p.name)
+def test_a_small_models_starved_job_is_starved_from_its_kernels_gpm_sees(trace: Path) -> None:
+    """The second job, starved by its one loader worker, stepped 6 times a second with kernels too
+    short for NVML's utilization (0-1%): gpumon read it `starting` for its whole minute (and past
+    the grace, `stalled`). GPM's SM activity read 0.1% in each of its ticks (0.0 on the idle GPU
+    before): it is starved-cpu within seconds of its arrival, every starved window of its truth
+    flagged."""
+    a = analyze(str(trace))
+    jobs = [e for e in a.gpus[0].episodes if e.job is not None and e.state != "unknown"]
+    second = [e for e in jobs if e.job == jobs[-1].job]
+    steady = [e for e in second if e.label != "starting"]
+    assert [e.label for e in steady] == ["starved-cpu"], [(e.label, e.start_s) for e in second]
+    assert sum(e.duration_s(a.end_s) for e in second if e.label == "starting") <= 8, second
+    report = compare_truth(a, str(trace).replace("-trace.jsonl", "-truth.jsonl"))
+    assert report.starved_windows > 0 and report.starved_flagged == report.starved_windows, report
+
+
 def test_a_gpu_bound_job_whose_loop_spins_a_core_is_not_starved_on_a_real_gpu() -> None:
     """Run 3's fed job keeps the H200 63-79% busy, its input always ready (the job's own truth:
     ~2% of each step waiting for input), while its training process reads 105% of a core (CUDA's

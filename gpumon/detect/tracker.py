@@ -4,10 +4,11 @@ time comes with the windows it is fed."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
+from gpumon.core.model import GpuSample
 from gpumon.detect.classify import Classification, classify
 from gpumon.detect.evidence import Evidence, GpuWindow, JobKey, another_job, gather, job_key, job_label
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -16,6 +17,16 @@ from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU, by default (`episodes_kept`): what `analyze` and `report` list
 (totals are kept whole). The daemon keeps fewer: the state API's (gpumon.serve.sampling)."""
+KERNEL_SM_ACTIVE = 0.0005
+"""GPM's SM activity (the share of SM-time busy over a tick) from which kernels ran in that tick.
+A job whose kernels are too short for NVML's utilization (on an H200, a small model fed by one busy
+loader worker: its samples 0-1% while it stepped 6 times a second, docs/gpu-check.md) read 0.1% in
+every tick; an idle GPU, and a job before its first kernel, 0.0. Half the trace's resolution of
+0.1%, so a replay reads a tick as the live daemon did."""
+KERNEL_TICKS = 5
+"""Ticks in a row with SM activity that say a job that NVML's utilization shows nothing of runs
+kernels (it steps), where a start-up's one-off kernels (initialisation, a warm-up) are a second or
+two: the job has then run, and is judged (starved, stalled ...) rather than `starting`."""
 MAX_CAUSES_KEPT = 32
 """Cause changes remembered per episode: its first cause and the latest changes. A starved episode
 can last days while its cause swings between cpu and io every few minutes; every change kept, it
@@ -147,6 +158,19 @@ class _Open:
         if self.settled is not None:
             return self.settled[1]
         return self.fallback[1] if self.fallback is not None else None
+
+
+def _stepping_since(samples: Sequence[GpuSample], since: float) -> float | None:
+    """Where GPM says kernels ran in each of the last KERNEL_TICKS ticks since `since` (not the
+    first: its GPM interval may reach back before the job came), when the first of them was."""
+    later = [s for s in samples if s.t_s > since][1:]
+    run = later[-KERNEL_TICKS:]
+    if len(run) < KERNEL_TICKS:
+        return None
+    for s in run:
+        if s.gpm is None or s.gpm.sm_active_ratio is None or s.gpm.sm_active_ratio < KERNEL_SM_ACTIVE:
+            return None
+    return run[0].t_s
 
 
 @dataclass(eq=False)  # state, not a value: equal only to itself
@@ -314,10 +338,11 @@ class StarvationDetector:
             # not the first of them: its period may have begun before the job came (the job
             # before's last kernels, or a straddling sample)
             first = next((p for p in later[1:] if p.util_ratio > gap), None)
-            if first is not None:
+            ran = first.t_s if first is not None else _stepping_since(window.samples, since)
+            if ran is not None:
                 self._job_ran = True
                 if self._job_waited:  # it was seen before its first kernel: its work starts here
-                    self._job_work_since = first.t_s
+                    self._job_work_since = ran
         return new_job
 
     def _starting_s(self, t: float, ev: Evidence, host_samples: int) -> float | None:
