@@ -131,3 +131,28 @@ def test_the_most_a_fix_buys_on_a_real_gpu_is_what_the_fed_job_ran() -> None:
     assert "the training loop is the limit" in g.fix.line()
     for said in (max(c.speedup for c in g.fix.candidates), g.fix.cache.speedup):
         assert abs(said - most) / most <= 0.10, (said, most)
+
+
+@pytest.mark.parametrize("run", ["run1", "run2"])
+def test_a_small_models_starved_job_gets_a_prediction_a_real_gpu_holds(run: str) -> None:
+    """The small model's starved job reads 0% in NVML's utilization, so gpumon had no duty cycle
+    and predicted nothing. GPM's SM activity shows its kernels; the GPU's own ceiling is then
+    unknown but far (under 1% busy), and the loader and the training loop bind first. One worker
+    more bought 2.20x and 1.89x (the jobs' truth); the same job fed ran 16.8x and 16.9x its starved
+    rate, where the training loop (0.06 of a core starved) bounds any fix at 16.7x."""
+    truth = HERE / f"2026-12-04-{run}-truth.jsonl"
+    starved, fed = truth_rate(truth, "starved-cpu"), truth_rate(truth, "fed")
+    later = truth_rate(HERE / f"2026-12-04-{run}-w2-truth.jsonl")
+    assert starved is not None and fed is not None and later is not None
+    a = analyze(str(HERE / f"2026-12-04-{run}-trace.jsonl"))
+    (g,) = a.gpus
+    episode = [e for e in g.episodes if e.label == "starved-cpu"][-1]  # the second job's
+    fix = g.advice_for(episode)
+    assert fix is not None and fix.kind == "predicted" and fix.workers == 1, fix
+    assert fix.ceiling is None, "NVML's 0% says no ceiling"
+    one_more = next(c.speedup for c in fix.candidates if c.workers == 2)
+    measured = later[0] / starved[0]
+    assert abs(one_more - measured) / measured <= 0.25, (one_more, measured)
+    most = fed[0] / starved[0]
+    assert fix.cache is not None and fix.cache.limit == "loop"
+    assert abs(fix.cache.speedup - most) / most <= 0.10, (fix.cache.speedup, most)

@@ -291,6 +291,21 @@ def test_the_training_loop_on_one_core_bounds_what_a_fix_buys() -> None:
     assert all(c.limit != Limit.LOOP for c in threaded.candidates)
 
 
+def test_kernels_too_short_for_nvmls_utilization_still_get_a_prediction_from_gpm() -> None:
+    """NVML's utilization reads 0% (whole percents) while GPM sees kernels: the GPU is under 1%
+    busy, its ceiling not said, and the loader and the loop give the numbers. Without GPM's word a
+    0% duty is no duty cycle at all, and nothing is predicted."""
+    tiny = IDLE_8._replace(duty=0.0, main_cores=0.06, host_busy_cores=1.1, cpu_count=16, sm_active=0.001)
+    advice = cpu(tiny)
+    assert advice.kind == Kind.PREDICTED and advice.ceiling is None
+    assert speedups(advice)[2] == 2.0
+    assert advice.cache is not None and advice.cache.speedup == pytest.approx(1 / 0.06, abs=0.01)
+    assert advice.cache.limit == Limit.LOOP
+    for blind in (tiny._replace(sm_active=None), tiny._replace(sm_active=0.0)):
+        nothing = cpu(blind)
+        assert nothing.kind == Kind.CANNOT and "no duty cycle" in nothing.why and nothing.ceiling is None
+
+
 def test_a_fed_gpu_has_nothing_to_gain_on_the_input_side() -> None:
     advice = predict(State.HEALTHY, None, IDLE_8, 20)
     assert advice is not None and advice.kind == Kind.GPU_LIMIT and advice.no_gain

@@ -299,6 +299,12 @@ def _since_first_work(
 
 
 PERIOD_POINTS = 33
+KERNEL_SM_ACTIVE = 0.0005
+"""GPM's SM activity (the share of SM-time busy over a tick) from which kernels ran in that tick.
+A job whose kernels are too short for NVML's utilization (on an H200, a small model fed by one busy
+loader worker: its samples 0-1% while it stepped 6 times a second, docs/gpu-check.md) read 0.1% in
+every tick; an idle GPU, and a job before its first kernel, 0.0. Half the trace's resolution of
+0.1%, so a replay reads a tick as the live daemon did."""
 _util_of = operator.attrgetter("util_ratio")
 _time_of = operator.attrgetter("t_s")
 

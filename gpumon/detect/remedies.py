@@ -29,9 +29,13 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from gpumon.detect.classify import LOOP_WORK_MAX_RUNQ
-from gpumon.detect.evidence import Evidence
+from gpumon.detect.evidence import KERNEL_SM_ACTIVE, Evidence
 from gpumon.detect.vocabulary import Cause, State
 
+HIDDEN_DUTY = 0.01
+"""The duty of a GPU whose NVML utilization reads 0% while GPM sees kernels (KERNEL_SM_ACTIVE): under
+1% busy (NVML's samples are whole percents), so the GPU binds no sooner than 100x. Its ceiling is not
+said (unknown but high); the loader, the training loop and the host's cores bind long before."""
 NO_GAIN = 1.10
 """A predicted speed-up below this is "no gain": the noise of a loader's batch times (5-15%,
 Lotus, IISWC 2024) and of a shared host's steps is as large."""
@@ -117,6 +121,9 @@ class RemedyInputs(NamedTuple):
     """Threads runnable on the host besides gpumon's reading thread, all users' (the job's
     included), a mean: at most this many scheduling groups can want CPU at once (None where the
     host does not say)."""
+    sm_active: float | None = None
+    """GPM's SM activity, a mean over the window (None without GPM): where NVML's utilization reads
+    0%, whether kernels ran all the same (too short for its samples)."""
 
     @classmethod
     def of(cls, ev: Evidence, peer_cores: float = 0.0) -> RemedyInputs | None:
@@ -142,6 +149,7 @@ class RemedyInputs(NamedTuple):
             peer_cores=peer_cores,
             runq_cores=ev.job_runq_wait_cores,
             host_runnable=ev.host_runnable,
+            sm_active=ev.sm_active,
         )
 
 
@@ -427,21 +435,24 @@ def predict(
         return None
     if i is None:  # no steady window yet: an episode shorter than a window and its onset
         return cannot(f"only {windows} window(s) of this episode so far", cause, windows=windows)
-    if i.duty <= 0:
+    hidden = i.duty <= 0 and i.sm_active is not None and i.sm_active >= KERNEL_SM_ACTIVE
+    if i.duty <= 0 and not hidden:
         return cannot("no duty cycle in the window", cause, windows=windows)
-    ceiling = 1.0 / max(i.duty, 1e-3)
+    # kernels too short for NVML's utilization (GPM sees them): the GPU's ceiling is not said
+    ceiling = 1.0 / HIDDEN_DUTY if hidden else 1.0 / max(i.duty, 1e-3)
+    said = None if hidden else ceiling
     if ceiling < NO_GAIN:
         return Advice(
             Kind.PREDICTED, cause, ceiling, i.workers, why="the GPU is nearly the limit", windows=windows
         )
     if windows < MIN_WINDOWS:
-        return cannot(f"only {windows} window(s) of this episode so far", cause, ceiling, windows)
+        return cannot(f"only {windows} window(s) of this episode so far", cause, said, windows)
     if cause not in (Cause.CPU, Cause.IO):
         return cannot(
             "neither a CPU of the job nor its storage is saturated: what it waits for is not on this "
             "host's counters",
             cause,
-            ceiling,
+            said,
             windows,
         )
     if i.coarse_blur:
@@ -449,7 +460,7 @@ def predict(
             "the driver samples the GPU once a second or less often and no sample reads idle: "
             "sub-second steps blur into a steady duty, so input waits cannot be told from other idle time",
             cause,
-            ceiling,
+            said,
             windows,
         )
     if not i.job_seen or i.main_cores is None or i.worker_cores is None or i.host_busy_cores is None:
@@ -457,7 +468,7 @@ def predict(
             "the job's processes are not visible to this host (another PID namespace?): "
             "their CPU and their loader workers cannot be counted",
             cause,
-            ceiling,
+            said,
             windows,
         )
     busiest = i.busiest_worker_cores or 0.0
@@ -477,7 +488,7 @@ def predict(
             "Dataset or collate_fn), or other host-side work (writing checkpoints, evaluation "
             "metrics, logging, .item() calls); more workers would not change it",
             cause,
-            ceiling,
+            said,
             windows,
         )
     if not i.workers or inline:
@@ -487,7 +498,7 @@ def predict(
             "processes would buy; move it to worker processes (DataLoader(num_workers), "
             "PyDataset(workers, use_multiprocessing=True))",
             cause,
-            ceiling,
+            said,
             windows,
         )
     cores = i.cpu_count or 1
@@ -519,7 +530,7 @@ def predict(
         why = f"beyond {best.workers} workers, {why} is the limit"
     else:
         why = _no_gain_why(i, cause, candidates[0].limit)
-    return Advice(Kind.PREDICTED, cause, ceiling, i.workers, tuple(candidates), best, cache, why, windows)
+    return Advice(Kind.PREDICTED, cause, said, i.workers, tuple(candidates), best, cache, why, windows)
 
 
 def _no_gain_why(i: RemedyInputs, cause: Cause, limit: Limit) -> str:

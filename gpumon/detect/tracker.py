@@ -10,19 +10,22 @@ from typing import Any, NamedTuple
 
 from gpumon.core.model import GpuSample
 from gpumon.detect.classify import Classification, classify
-from gpumon.detect.evidence import Evidence, GpuWindow, JobKey, another_job, gather, job_key, job_label
+from gpumon.detect.evidence import (
+    KERNEL_SM_ACTIVE,
+    Evidence,
+    GpuWindow,
+    JobKey,
+    another_job,
+    gather,
+    job_key,
+    job_label,
+)
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
 
 MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU, by default (`episodes_kept`): what `analyze` and `report` list
 (totals are kept whole). The daemon keeps fewer: the state API's (gpumon.serve.sampling)."""
-KERNEL_SM_ACTIVE = 0.0005
-"""GPM's SM activity (the share of SM-time busy over a tick) from which kernels ran in that tick.
-A job whose kernels are too short for NVML's utilization (on an H200, a small model fed by one busy
-loader worker: its samples 0-1% while it stepped 6 times a second, docs/gpu-check.md) read 0.1% in
-every tick; an idle GPU, and a job before its first kernel, 0.0. Half the trace's resolution of
-0.1%, so a replay reads a tick as the live daemon did."""
 KERNEL_TICKS = 5
 """Ticks in a row with SM activity that say a job that NVML's utilization shows nothing of runs
 kernels (it steps), where a start-up's one-off kernels (initialisation, a warm-up) are a second or
