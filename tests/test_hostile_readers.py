@@ -5,7 +5,9 @@ what was recorded before a bad spot is still read."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import itertools
 import json
 import os
@@ -113,8 +115,45 @@ def test_a_stream_damaged_in_its_first_chunk_gives_its_lines_before_the_damage(
         for raw, _ in GzipLines(f):
             got.append(raw)
     assert got == lines[: len(got)], "whole records, in order, none made up"
-    # the records wholly before the damaged bytes, less at most what a 16-byte piece holds
-    assert before - 2 <= len(got) <= before, (len(got), before)
+    # the records wholly before the damaged bytes, less the two before the last flush ahead of them
+    # (SALVAGE_DROP) and what a 16-byte piece holds
+    assert before - 4 <= len(got) <= before - 2, (len(got), before)
+
+
+def test_salvage_seldom_gives_a_record_the_damage_altered() -> None:
+    """Every single-bit flip of a small segment (a reviewer's pass): a salvage that kept all that
+    inflated before zlib's error gave an altered record in 4,736 of 9,056 flips, 2,099 of them valid
+    JSON (bad bytes inflate into something before zlib sees them; a CRC error comes only at the
+    end). Kept to the last flush ahead of the damage, less two records, and nothing on a CRC error:
+    under 1% of flips, and an altered record that parses in under 0.1%."""
+    recs = [
+        json.dumps({"t": 1000.0 + i, "g": [{"i": 0, "U": round(i / 61, 3), "P": 123.4 + i}]}).encode() + b"\n"
+        for i in range(60)
+    ]
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    good = b"".join(z.compress(r) + z.flush(zlib.Z_SYNC_FLUSH) for r in recs) + z.flush()
+    trials = altered = parsed = 0
+    for at in range(20, len(good) - 8):
+        for bit in range(8):
+            data = bytearray(good)
+            data[at] ^= 1 << bit
+            got: list[bytes] = []
+            with contextlib.suppress(zlib.error):
+                for raw, _ in GzipLines(io.BytesIO(bytes(data))):
+                    got.append(raw)
+            trials += 1
+            bad = [g for i, g in enumerate(got) if i >= len(recs) or g != recs[i]]
+            altered += bool(bad)
+            parsed += any(_parses(g) for g in bad)
+    assert altered <= trials // 100 and parsed <= trials // 1000, (altered, parsed, trials)
+
+
+def _parses(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 # -- values from a trace in error messages --------------------------------------------------------
