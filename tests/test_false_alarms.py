@@ -172,6 +172,76 @@ def test_a_start_up_whose_gpm_shows_a_moment_of_kernels_is_still_starting(tmp_pa
     assert labels(tr) == ["starting"], labels(tr)
 
 
+@pytest.mark.parametrize("interval", [0.2, 1.0])
+def test_the_warm_up_is_told_in_seconds_not_ticks(tmp_path: Path, interval: float) -> None:
+    """KERNEL_TICKS counted ticks: at --interval 0.2 the same 2 s warm-up made 10 ticks of SM activity
+    and the job read `stalled` at 12 s (a reviewer's find). The run must also last KERNEL_SECONDS."""
+    import logging
+    from dataclasses import replace
+
+    from gpumon.analyze import corpus
+    from gpumon.collect.pipeline import Pipeline, SourceSpec
+    from gpumon.collect.pipeline.sources import simulated
+    from gpumon.core.clock import VirtualClock
+    from gpumon.core.problems import Problems
+    from gpumon.sim import scenarios as sc
+    from gpumon.sim.fleet import Fleet
+    from gpumon.trace.writer import TraceWriter
+
+    fresh = {"job": 1, "started_before_s": 0.0, "gpm": True}
+    starting = replace(sc.STARTING, **fresh)
+    blip = replace(
+        sc.STARVED_CPU, compute_s=0.001, wait_s=0.05, main_cpu=0.9, workers=0, worker_cpu=0.0, **fresh
+    )
+    life = sc.Scenario("warm-up", "w", ((0.0, starting), (8.0, blip), (10.0, starting)), ((0.0, "starting"),))
+    path = str(tmp_path / "t.jsonl")
+    clock = VirtualClock()
+    fleet = Fleet([life], None, 0, clock, 1 / 6, noise=0.05)
+    desc = corpus.SourceDescription.simulated(["warm-up"], 1, 0, 1 / 6, corpus_case="warm-up")
+    problems = Problems(logging.getLogger("test"))
+    p = Pipeline(
+        SourceSpec("simulated"),
+        clock,
+        sources=simulated(fleet, desc, problems),
+        problems=problems,
+        interval_s=interval,
+    )
+    w = TraceWriter(path, corpus.make_header(desc.to_json(), interval), force=True)
+    p.on_tick(w.write_tick)
+    p.run(duration_s=60)
+    w.close(clock.now(), "duration")
+    assert labels(analyze(path)) == ["starting"], labels(analyze(path))
+
+
+def test_a_small_model_whose_loader_keeps_up_is_underutilized_not_stalled(tmp_path: Path) -> None:
+    """Kernels GPM sees in every tick, NVML's utilization about 1%, the loader workers at 0.4 of a
+    core: the job steps, its work too small for the GPU. Once its kernels ended `starting`, the
+    stalled rule (duty under 2%) read it `stalled`, the critical alert, 5 s later (a reviewer's
+    find): GPM's kernels are not a hang."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0, "gpm": True}
+    tiny = replace(sc.HEALTHY, compute_s=0.001, wait_s=0.16, main_cpu=0.3, workers=2, worker_cpu=0.4, **fresh)
+    life = sc.Scenario(
+        "tiny",
+        "a small model, fed",
+        ((0.0, replace(sc.STARTING, **fresh)), (10.0, tiny)),
+        ((0.0, "healthy"),),
+    )
+    trace = tmp_path / "tiny.jsonl"
+    record(Case("tiny", 0, 1 / 6, 90, 0.05, (life,)), str(trace))
+    a = analyze(str(trace))
+    assert labels(a) == ["starting", "underutilized"], labels(a)
+    # and a job that hangs, GPM reading nothing, is still stalled (no kernels: not stepping)
+    phases = ((0.0, replace(sc.HEALTHY, **fresh)), (30.0, replace(sc.STALLED, **fresh)))
+    hung = sc.Scenario("hung", "trains, then hangs", phases, ((0.0, "healthy"), (30.0, "stalled")))  # type: ignore[arg-type]
+    record(Case("hung", 0, 1 / 6, 90, 0.05, (hung,)), str(trace))
+    assert labels(analyze(str(trace)))[-1] == "stalled", labels(analyze(str(trace)))
+
+
 # -- a job change -------------------------------------------------------------------------------------
 
 

@@ -99,6 +99,14 @@ def test_the_state_api_and_metrics_show_it_for_starved_gpus_only() -> None:
     text = render_exposition(families(given, 0.0)).decode()
     ceilings = [ln for ln in text.splitlines() if ln.startswith("gpumon_gpu_input_speedup_ceiling{")]
     assert not any('gpu="1"' in ln for ln in ceilings) and any('gpu="0"' in ln for ln in ceilings), ceilings
+    # a prediction made where NVML reads 0% and GPM sees kernels says no ceiling: its speed-ups are
+    # on /metrics all the same (they were left out with the ceiling, a reviewer's find)
+    hidden = snap.advice[key0]._replace(ceiling=None)
+    assert hidden.kind == Kind.PREDICTED and hidden.candidates
+    text = render_exposition(families(snap._replace(advice={**snap.advice, key0: hidden}), 0.0)).decode()
+    assert sample(text, "gpumon_gpu_predicted_speedup", gpu="0", change="workers+1") > 1.0
+    ceilings = [ln for ln in text.splitlines() if ln.startswith("gpumon_gpu_input_speedup_ceiling{")]
+    assert not any('gpu="0"' in ln for ln in ceilings), ceilings
 
 
 def advice_dict(ready: bool) -> dict[str, object]:

@@ -291,6 +291,20 @@ def test_the_training_loop_on_one_core_bounds_what_a_fix_buys() -> None:
     assert all(c.limit != Limit.LOOP for c in threaded.candidates)
 
 
+def test_the_loop_bound_has_no_cliff_at_one_core() -> None:
+    """Just under a core the loop's bound reads "no gain"; at a core or more the process is more than
+    its loop's thread and nothing is claimed either way, where it read "about 9x" (a reviewer's
+    find: window-to-window noise in the process's CPU flipped the advice)."""
+    below = cpu(IDLE_8._replace(duty=0.1, cpu_count=32, main_cores=0.99, host_busy_cores=1.99))
+    assert below.best is None and "the training loop is the limit" in below.line()
+    for main in (1.0, 1.4):
+        at = cpu(IDLE_8._replace(duty=0.1, cpu_count=32, main_cores=main, host_busy_cores=1.0 + main))
+        assert at.kind == Kind.CANNOT and not at.candidates, at
+    # (at 1.4 the process is busier than any worker: the input work is read as done in it)
+    at_one = cpu(IDLE_8._replace(duty=0.1, cpu_count=32, main_cores=1.0, host_busy_cores=2.0))
+    assert "training process reads 100% of a core" in at_one.why, at_one.why
+
+
 def test_kernels_too_short_for_nvmls_utilization_still_get_a_prediction_from_gpm() -> None:
     """NVML's utilization reads 0% (whole percents) while GPM sees kernels: the GPU is under 1%
     busy, its ceiling not said, and the loader and the loop give the numbers. Without GPM's word a

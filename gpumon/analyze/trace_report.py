@@ -724,7 +724,7 @@ def fix_lines(fix: Advice) -> list[str]:
     lines = [f"  fix buys: {fix.line(WORKERS_KNOB)}"]
     if fix.candidates:
         shown = ", ".join(f"-> {c.workers}: {c.speedup:.1f}x" for c in fix.candidates[:4])
-        ceiling = f"; ceiling {fix.ceiling:.1f}x (input for free)" if fix.ceiling is not None else ""
+        ceiling = f"; the GPU's ceiling {fix.ceiling:.1f}x" if fix.ceiling is not None else ""
         lines.append(f"           workers {fix.workers} {shown}{ceiling}; median of {fix.windows} windows")
     return lines
 

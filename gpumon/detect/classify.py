@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpumon.detect.evidence import Evidence
+from gpumon.detect.evidence import KERNEL_SM_ACTIVE, Evidence
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.vocabulary import Cause, State, state_label
 
@@ -81,7 +81,10 @@ def classify(
     # have read `stalled` (critical) past its start-up grace (docs/gpu-check.md): it goes on to
     # the causes.
     feeding = bool(ev.loader_workers) and (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
-    if duty < th.stalled_duty and not feeding:
+    # Kernels too short for NVML's whole-percent samples, which GPM sees (a small model stepping),
+    # are not a hang either: the job is judged by the rules below (starved, or underutilized).
+    stepping = ev.sm_active is not None and ev.sm_active >= KERNEL_SM_ACTIVE
+    if duty < th.stalled_duty and not feeding and not stepping:
         busy = ""
         main = ev.main_cpu_cores
         if main is not None and main >= th.pinned_core:

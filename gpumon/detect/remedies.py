@@ -65,9 +65,8 @@ what the workers send) runs on one core at most: its Python runs one thread at a
 synchronize spins that thread while the GPU computes. Where the process reads less than this,
 `s` times the steps needs `s` times its CPU, so `s` is at most LOOP_CORES / its CPU (on an H200,
 2026-12-04: a starved job's training process at 0.16 of a core and its GPU at 12% of the time;
-fed, it reached 6.3x, at 1.07 cores, where 1/duty said 8.4x). A process that reads more is more
-than one thread's work (native ops on threads of their own): no bound is read from it."""
-"""Windows of an episode (one per tick) a prediction needs: fewer is too noisy to name a number."""
+fed, it reached 6.3x, at 1.07 cores, where 1/duty said 8.4x). A process that reads a core or more
+is more than its loop's thread, and its loop's share cannot be told: "cannot predict" (predict)."""
 
 
 class Kind(StrEnum):
@@ -497,6 +496,17 @@ def predict(
             "worker processes: its CPU cannot be told from the training loop's, nor what more "
             "processes would buy; move it to worker processes (DataLoader(num_workers), "
             "PyDataset(workers, use_multiprocessing=True))",
+            cause,
+            said,
+            windows,
+        )
+    if i.main_cores >= LOOP_CORES:
+        # below a core its loop's bound reads "no gain" near one; at a core or more the process is
+        # more than its loop's thread, and neither that bound nor none can be told (no cliff there)
+        return cannot(
+            f"the training process reads {i.main_cores:.0%} of a core: its loop's own work a step, on "
+            "one core, may be what binds (then more workers gain nothing), but a process busier than a "
+            "core is more than its loop's thread, and the loop's share cannot be told",
             cause,
             said,
             windows,

@@ -27,9 +27,11 @@ MAX_EPISODES_KEPT = 200
 """Closed episodes remembered per GPU, by default (`episodes_kept`): what `analyze` and `report` list
 (totals are kept whole). The daemon keeps fewer: the state API's (gpumon.serve.sampling)."""
 KERNEL_TICKS = 5
-"""Ticks in a row with SM activity that say a job that NVML's utilization shows nothing of runs
-kernels (it steps), where a start-up's one-off kernels (initialisation, a warm-up) are a second or
-two: the job has then run, and is judged (starved, stalled ...) rather than `starting`."""
+KERNEL_SECONDS = 5.0
+"""Ticks in a row with SM activity (KERNEL_TICKS of them, over KERNEL_SECONDS at least, whatever the
+interval) that say a job NVML's utilization shows nothing of runs kernels (it steps), where a
+start-up's one-off kernels (initialisation, a warm-up) are a second or two: the job has then run,
+and is judged (starved, underutilized ...) rather than `starting`."""
 MAX_CAUSES_KEPT = 32
 """Cause changes remembered per episode: its first cause and the latest changes. A starved episode
 can last days while its cause swings between cpu and io every few minutes; every change kept, it
@@ -164,16 +166,23 @@ class _Open:
 
 
 def _stepping_since(samples: Sequence[GpuSample], since: float) -> float | None:
-    """Where GPM says kernels ran in each of the last KERNEL_TICKS ticks since `since` (not the
-    first: its GPM interval may reach back before the job came), when the first of them was."""
-    later = [s for s in samples if s.t_s > since][1:]
-    run = later[-KERNEL_TICKS:]
-    if len(run) < KERNEL_TICKS:
+    """Where GPM says kernels ran in each of the last ticks since `since`, at least KERNEL_TICKS of
+    them over at least KERNEL_SECONDS, when the first of them was. The first tick since `since`
+    never counts: its GPM interval may reach back before the job came."""
+    later = [s for s in samples if s.t_s > since]
+    n = 0
+    for s in reversed(later[1:]):
+        a = s.gpm
+        if a is None or a.sm_active_ratio is None or a.sm_active_ratio < KERNEL_SM_ACTIVE:
+            break
+        n += 1
+    if n < KERNEL_TICKS:
         return None
-    for s in run:
-        if s.gpm is None or s.gpm.sm_active_ratio is None or s.gpm.sm_active_ratio < KERNEL_SM_ACTIVE:
-            return None
-    return run[0].t_s
+    first = len(later) - n
+    # each tick's GPM activity is over the interval since the tick before it
+    if later[-1].t_s - later[first - 1].t_s < KERNEL_SECONDS - 1e-9:
+        return None
+    return later[first].t_s
 
 
 @dataclass(eq=False)  # state, not a value: equal only to itself

@@ -166,8 +166,8 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
     )
     ceiling = _gauge(
         "gpumon_gpu_input_speedup_ceiling",
-        "A starved GPU: how many times today's steps per second it could run with its input for "
-        "free (1 / duty cycle); only while starved (docs/detector.md, what a fix buys).",
+        "A starved GPU: how many times today's steps per second it could run at most were the GPU "
+        "busy all the time (1 / duty cycle); only while starved (docs/detector.md, what a fix buys).",
     )
     predicted = _gauge(
         "gpumon_gpu_predicted_speedup",
@@ -274,9 +274,10 @@ def _gpu_metrics(s: Snapshot) -> Iterator[Family]:
 def _advice_metrics(a: Advice | None, lv: list[str], ceiling: Family, predicted: Family) -> None:
     """What a fix buys: series only for a starved GPU (a fed one has nothing to gain on the input
     side), at most 3 per GPU."""
-    if a is None or a.ceiling is None:
+    if a is None or a.kind == Kind.GPU_LIMIT:
         return
-    ceiling.add_metric(lv, round(a.ceiling, 4))
+    if a.ceiling is not None:  # (none said where NVML reads 0% and GPM sees kernels)
+        ceiling.add_metric(lv, round(a.ceiling, 4))
     if a.kind != Kind.PREDICTED:
         return  # cannot predict: the ceiling alone
     step = next((c for c in a.candidates if c.change == "workers+1"), None)
