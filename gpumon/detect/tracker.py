@@ -4,7 +4,7 @@ time comes with the windows it is fed."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
@@ -165,26 +165,6 @@ class _Open:
         return self.fallback[1] if self.fallback is not None else None
 
 
-def _stepping_since(samples: Sequence[GpuSample], since: float) -> float | None:
-    """Where GPM says kernels ran in each of the last ticks since `since`, at least KERNEL_TICKS of
-    them over at least KERNEL_SECONDS, when the first of them was. The first tick since `since`
-    never counts: its GPM interval may reach back before the job came."""
-    later = [s for s in samples if s.t_s > since]
-    n = 0
-    for s in reversed(later[1:]):
-        a = s.gpm
-        if a is None or a.sm_active_ratio is None or a.sm_active_ratio < KERNEL_SM_ACTIVE:
-            break
-        n += 1
-    if n < KERNEL_TICKS:
-        return None
-    first = len(later) - n
-    # each tick's GPM activity is over the interval since the tick before it
-    if later[-1].t_s - later[first - 1].t_s < KERNEL_SECONDS - 1e-9:
-        return None
-    return later[first].t_s
-
-
 @dataclass(eq=False)  # state, not a value: equal only to itself
 class StarvationDetector:
     """Feed it one window per tick for one GPU; it answers with the (hysteresis-held) verdict."""
@@ -212,6 +192,9 @@ class StarvationDetector:
         self._job_label: str | None = None
         self._job_since = 0.0
         self._last_sample_t: float | None = None
+        self._gpm_run: tuple[float, float, int] | None = None
+        """GPM's SM activity in the ticks in a row so far, while the job has run no kernel NVML saw:
+        (the start of the first one's interval, its time, how many ticks); None: not now."""
         self._wasted_shown = (0.0, 0.0)
         """(wasted_gpu_s, it rounded as verdicts show it): a GPU that wastes nothing gives the same
         float every tick (the range API's verdict log keeps 15 minutes of them)."""
@@ -335,12 +318,15 @@ class StarvationDetector:
         True when another job took the GPU from one that held it (no idle moment between)."""
         key = job_key(window.gpu)
         new_job = another_job(self._job, key)
-        if new_job or (key is None) != (self._job is None):
+        arrived = new_job or (key is None) != (self._job is None)
+        if arrived:
             self._job_since, self._job_ran, self._job_work_since = window.t_s, False, None
             self._job_waited = False
+            self._gpm_run = None
             # seen to come only after a window before it (the detector's first window has no past)
             before = self._last_sample_t
             self._job_arrival = None if before is None else (before, window.gpu.t_s)
+        prev_t = self._last_sample_t
         self._last_sample_t = window.gpu.t_s
         if key != self._job:
             self._job, self._job_label = key, job_label(window.gpu)
@@ -350,12 +336,30 @@ class StarvationDetector:
             # not the first of them: its period may have begun before the job came (the job
             # before's last kernels, or a straddling sample)
             first = next((p for p in later[1:] if p.util_ratio > gap), None)
-            ran = first.t_s if first is not None else _stepping_since(window.samples, since)
+            # (the arrival's tick never counts: its GPM interval may reach back before the job)
+            stepping = None if arrived else self._gpm_stepping(window.gpu, prev_t)
+            ran = first.t_s if first is not None else stepping
             if ran is not None:
                 self._job_ran = True
                 if self._job_waited:  # it was seen before its first kernel: its work starts here
                     self._job_work_since = ran
         return new_job
+
+    def _gpm_stepping(self, g: GpuSample, prev_t: float | None) -> float | None:
+        """Where GPM has said kernels ran in each tick in a row up to `g`, at least KERNEL_TICKS of
+        them over at least KERNEL_SECONDS, when the first of them was. Counted tick by tick, not
+        within the detector's window, so that neither a short window nor a long interval keeps
+        the run from its length."""
+        a = g.gpm
+        if prev_t is None or a is None or a.sm_active_ratio is None or a.sm_active_ratio < KERNEL_SM_ACTIVE:
+            self._gpm_run = None
+            return None
+        # each tick's GPM activity is over the interval since the tick before it
+        start, first, n = self._gpm_run if self._gpm_run is not None else (prev_t, g.t_s, 0)
+        self._gpm_run = (start, first, n + 1)
+        if n + 1 >= KERNEL_TICKS and g.t_s - start >= KERNEL_SECONDS - 1e-9:
+            return first
+        return None
 
     def _starting_s(self, t: float, ev: Evidence, host_samples: int) -> float | None:
         """How long ago the job on the GPU started, while it has run no kernel yet and is within

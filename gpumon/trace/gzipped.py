@@ -96,13 +96,18 @@ SALVAGE_PIECE = 16
 zlib fails (one 4 KiB call raises with none of its output: a segment of ~5 KB, the whole of a
 minute's recording, lost every record to 8 bad bytes two thirds in)."""
 FLUSH_MARK = b"\x00\x00\xff\xff"
-"""What a sync flush leaves in a deflate stream (an empty stored block): gpumon's recorder flushes
-after every record, so the bytes up to one inflate to whole records."""
+"""What a sync flush leaves in a deflate stream (an empty stored block): gpumon's writers flush at
+whole records (the recorder every few seconds, `record -o` more often), so the bytes up to one
+inflate to whole records."""
 SALVAGE_DROP = 2
-"""Records before the last flush ahead of the damage that are left out all the same: a 1,160-byte
-segment with each of its 9,056 single-bit flips (a reviewer's pass, 2026-12-04) gave an altered
-record that parses as JSON in 4 of them, as in 3 when no record of a damaged 4 KiB chunk was kept
-(54 and 7 leaving out none, 34 and 4 leaving out three)."""
+"""Of a damaged chunk, what inflates up to the last flush but one ahead of the failing piece is
+kept, less this many records and one: the block before the failure, and a record more, may hold
+what the bad bytes made before zlib saw them. A 1,160-byte stream flushed at every record, each of
+its 9,056 single-bit flips (a reviewer's pass, 2026-12-04): an altered record that parses as JSON
+in 4 flips, as in 3 when nothing of a damaged chunk was kept (54 and 7 keeping all up to the last
+flush). This bounds what the damaged chunk adds; records of the chunks before it were given before
+any error could show (a CRC error comes only at the stream's end): a longer stream read to its
+damage can give altered records, as it did before."""
 TRAILER_ERRORS = ("incorrect data check", "incorrect length check")
 """zlib's errors at the stream's end (its CRC or length): the damage is somewhere before, unknown
 where, and what inflated may hold altered records: nothing of the chunk is kept."""
@@ -125,7 +130,9 @@ def _before_damage(z: Any, data: bytes, error: zlib.error, most: int) -> bytes:
             break
         if probe.unconsumed_tail or probe.eof:
             return b""  # more than `most`, or a stream that ends: not the damage this is about
-    cut = data.rfind(FLUSH_MARK, 0, failed)
+    # the block that ends at the last flush before the failure may hold what the bad bytes made:
+    # kept up to the flush before it
+    cut = data.rfind(FLUSH_MARK, 0, max(0, data.rfind(FLUSH_MARK, 0, failed)))
     if cut < 0:
         return b""
     try:
@@ -134,7 +141,7 @@ def _before_damage(z: Any, data: bytes, error: zlib.error, most: int) -> bytes:
         return b""
     if len(out) > most:
         return b""
-    for _ in range(SALVAGE_DROP):
+    for _ in range(SALVAGE_DROP - 1):
         end = out.rfind(b"\n", 0, len(out) - 1)
         out = out[: end + 1] if end >= 0 else b""
     return out
