@@ -115,23 +115,29 @@ def test_a_stream_damaged_in_its_first_chunk_gives_its_lines_before_the_damage(
         for raw, _ in GzipLines(f):
             got.append(raw)
     assert got == lines[: len(got)], "whole records, in order, none made up"
-    # the records wholly before the damaged bytes, less the two before the last flush ahead of them
-    # (SALVAGE_DROP) and what a 16-byte piece holds
+    # the records wholly before the damaged bytes, less the block (one record here) before the last
+    # flush ahead of the failing piece, a record more (SALVAGE_DROP), and what a 16-byte piece holds
     assert before - 4 <= len(got) <= before - 2, (len(got), before)
 
 
-def test_salvage_seldom_gives_a_record_the_damage_altered() -> None:
-    """Every single-bit flip of a small segment (a reviewer's pass): a salvage that kept all that
+@pytest.mark.parametrize("per_flush", [1, 5])
+def test_salvage_seldom_gives_a_record_the_damage_altered(per_flush: int) -> None:
+    """Every single-bit flip of a small stream (reviewers' passes): a salvage that kept all that
     inflated before zlib's error gave an altered record in 4,736 of 9,056 flips, 2,099 of them valid
     JSON (bad bytes inflate into something before zlib sees them; a CRC error comes only at the
-    end). Kept to the last flush ahead of the damage, less two records, and nothing on a CRC error:
-    under 1% of flips, and an altered record that parses in under 0.1%."""
+    end); one that kept to the last flush ahead of the failure, less two records, still 2.3% and
+    0.4% where the writer flushes every 5 records, as the recorder flushes every few seconds. Kept
+    to the flush before that block, less a record, and nothing on a CRC error: under 1% of flips,
+    and an altered record that parses in under 0.1% (0.2% flushed every 5)."""
     recs = [
         json.dumps({"t": 1000.0 + i, "g": [{"i": 0, "U": round(i / 61, 3), "P": 123.4 + i}]}).encode() + b"\n"
         for i in range(60)
     ]
     z = zlib.compressobj(9, zlib.DEFLATED, 31)
-    good = b"".join(z.compress(r) + z.flush(zlib.Z_SYNC_FLUSH) for r in recs) + z.flush()
+    good = bytearray()
+    for n, r in enumerate(recs, 1):
+        good += z.compress(r) + (z.flush(zlib.Z_SYNC_FLUSH) if n % per_flush == 0 else b"")
+    good += z.flush()
     trials = altered = parsed = 0
     for at in range(20, len(good) - 8):
         for bit in range(8):
@@ -145,7 +151,8 @@ def test_salvage_seldom_gives_a_record_the_damage_altered() -> None:
             bad = [g for i, g in enumerate(got) if i >= len(recs) or g != recs[i]]
             altered += bool(bad)
             parsed += any(_parses(g) for g in bad)
-    assert altered <= trials // 100 and parsed <= trials // 1000, (altered, parsed, trials)
+    most_parsed = trials * min(per_flush, 2) // 1000
+    assert altered <= trials // 100 and parsed <= most_parsed, (altered, parsed, trials)
 
 
 def _parses(raw: bytes) -> bool:

@@ -115,8 +115,8 @@ where, and what inflated may hold altered records: nothing of the chunk is kept.
 
 def _before_damage(z: Any, data: bytes, error: zlib.error, most: int) -> bytes:
     """The whole records of `data` that inflate before its damage, from `z` (a copy of the
-    decompressor before it), at most `most` bytes: up to the last sync flush before the piece in
-    which zlib fails, less the SALVAGE_DROP records before that flush (bad bytes may inflate into
+    decompressor before it), at most `most` bytes: up to the flush before the last flush ahead of
+    the piece in which zlib fails, less SALVAGE_DROP - 1 records more (bad bytes may inflate into
     something for a while before zlib sees them). Nothing where zlib failed on the trailer's check."""
     if any(e in str(error) for e in TRAILER_ERRORS):
         return b""
