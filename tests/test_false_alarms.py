@@ -248,6 +248,32 @@ def test_the_start_up_sign_is_not_held_to_the_detectors_window(
     assert got == ["starting", "starved-cpu"], got
 
 
+def test_a_small_model_stepping_in_bursts_is_not_stalled(tmp_path: Path) -> None:
+    """A small model starved by its host (batches in chunks: it steps at its fed rate for a moment,
+    then waits ~3 s), its workers idle: NVML's samples read 0% between bursts and 3-9% in them, its
+    duty under 2%; GPM sees every burst. The stalled rule's exemption asked NVML's p95 to be at
+    most 5% and read it `stalled`, the critical alert, for most of the run (a third reviewer's
+    find). Without GPM nothing tells it from a hang (left as it was)."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    burst = replace(
+        sc.STARVED_HOST,
+        compute_s=0.002,
+        wait_s=0.030,
+        jitter=0.3,
+        long_gap_p=0.1,
+        long_gap_s=(2.5, 3.5),
+        gpm=True,
+    )
+    life = sc.Scenario("burst", "x", ((0.0, burst),), ((0.0, "starved"),))
+    trace = tmp_path / "burst.jsonl"
+    record(Case("burst", 0, 1 / 6, 120, 0.05, (life,)), str(trace))
+    assert "stalled" not in labels(analyze(str(trace))), labels(analyze(str(trace)))
+
+
 def test_a_job_whose_kernels_nvml_saw_is_stalled_as_soon_with_gpm_as_without(tmp_path: Path) -> None:
     """The stalled rule's exemption for kernels GPM alone sees held while GPM's mean over the window
     had not emptied: a job 5% busy that hangs read `stalled` 3 s later on a GPU with GPM (a second

@@ -81,15 +81,11 @@ def classify(
     # have read `stalled` (critical) past its start-up grace (docs/gpu-check.md): it goes on to
     # the causes.
     feeding = bool(ev.loader_workers) and (ev.busiest_child_cpu_cores or 0.0) >= th.pinned_core
-    # Kernels too short for NVML's whole-percent samples, which GPM sees (a small model stepping),
-    # are not a hang either: the job is judged by the rules below (starved, or underutilized). Only
-    # where NVML shows (next to) no kernels in the window: a job whose kernels it saw and that hangs
-    # is stalled as soon as its duty falls, not once GPM's mean over the window has emptied.
-    stepping = (
-        ev.sm_active is not None
-        and ev.sm_active >= KERNEL_SM_ACTIVE
-        and (ev.p95 is None or ev.p95 <= th.gap_util)
-    )
+    # Kernels too short for NVML's whole-percent samples, which GPM sees (a small model stepping,
+    # steadily or in bursts), are not a hang either: the job is judged by the rules below (starved,
+    # or underutilized). GPM's ticks in the window's newer half: a job that hangs is stalled as
+    # soon as its duty falls, not once GPM's mean over the whole window has emptied.
+    stepping = ev.sm_active_recent is not None and ev.sm_active_recent >= KERNEL_SM_ACTIVE
     if duty < th.stalled_duty and not feeding and not stepping:
         busy = ""
         main = ev.main_cpu_cores

@@ -106,6 +106,9 @@ class Evidence(NamedTuple):
     each step the job's other ranks spend waiting for it."""
     waiting_for_power_ratio: float | None = None
     """That GPU's power, as a share of its limit."""
+    sm_active_recent: float | None = None
+    """GPM: the most SM activity of a tick in the window's newer half (None without GPM): whether
+    kernels run now, where NVML's whole-percent samples show next to none (a small model)."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -364,7 +367,7 @@ def gather(
                 mean = sum(lengths) / len(lengths)  # plain floats: statistics.pstdev works in Fractions
                 gap_cv = math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean
 
-    ratios, sm, busy, clocks = _per_sample(window.samples)
+    ratios, sm, busy, clocks, sm_recent = _per_sample(window.samples, window.t_s - th.window_s / 2)
     gpu = window.gpu
     pids = tuple(sorted(p.pid for p in gpu.processes))
     per_host = _job_processes(window, pids)
@@ -411,6 +414,7 @@ def gather(
         sm_active=_mean(sm),
         sm_while_busy=min(1.0, sum(sm) / sum(busy)) if sm and sum(busy) > 0 else None,
         clock_held=_clock_held(clocks),
+        sm_active_recent=sm_recent,
     )
 
 
@@ -482,24 +486,29 @@ def _job_means(seen: list[list[ProcessCpu]]) -> _JobMeans:
 
 
 def _per_sample(
-    samples: Sequence[GpuSample],
-) -> tuple[list[float], list[float], list[float], list[int]]:
+    samples: Sequence[GpuSample], recent_since: float
+) -> tuple[list[float], list[float], list[float], list[int], float | None]:
     """In one pass over the window's tick samples: power over its limit, GPM's SM and graphics
-    activity (where both are known), the clock-event bits."""
+    activity (where both are known), the clock-event bits, and the most SM activity of a tick
+    after `recent_since`."""
     ratios: list[float] = []
     sm: list[float] = []
     busy: list[float] = []
     clocks: list[int] = []
+    recent: float | None = None
     for s in samples:
         if s.power_w is not None and s.power_limit_w:
             ratios.append(s.power_w / s.power_limit_w)
         a = s.gpm
-        if a is not None and a.sm_active_ratio is not None and a.graphics_ratio is not None:
-            sm.append(a.sm_active_ratio)
-            busy.append(a.graphics_ratio)
+        if a is not None and a.sm_active_ratio is not None:
+            if a.graphics_ratio is not None:
+                sm.append(a.sm_active_ratio)
+                busy.append(a.graphics_ratio)
+            if s.t_s > recent_since and (recent is None or a.sm_active_ratio > recent):
+                recent = a.sm_active_ratio
         if s.clock_events is not None:
             clocks.append(s.clock_events)
-    return ratios, sm, busy, clocks
+    return ratios, sm, busy, clocks, recent
 
 
 _HostMeans = tuple[float | None, float | None, float | None, float | None, float | None, float | None]

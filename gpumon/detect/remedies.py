@@ -66,8 +66,7 @@ synchronize spins that thread while the GPU computes. Where the process reads le
 `s` times the steps needs `s` times its CPU, so `s` is at most LOOP_CORES / its CPU (on an H200,
 2026-12-04: a starved job's training process at 0.16 of a core and its GPU at 12% of the time;
 fed, it reached 6.3x, at 1.07 cores, where 1/duty said 8.4x). A process that reads a core or more
-is more than its loop's thread, and its loop's share cannot be told: no bound is read from it, and
-a CPU-bound job's that waits for no CPU gets "cannot predict" (predict)."""
+is more than its loop's thread, and its loop's share cannot be told: "cannot predict" (predict)."""
 
 
 class Kind(StrEnum):
@@ -501,11 +500,10 @@ def predict(
             said,
             windows,
         )
-    if i.main_cores >= LOOP_CORES and cause == Cause.CPU and not waiting:
+    if i.main_cores >= LOOP_CORES:
         # below a core its loop's bound reads "no gain" near one; at a core or more the process is
-        # more than its loop's thread, and neither that bound nor none can be told (no cliff there).
-        # A job that waits for a CPU is contended (the fair-share model gives its number), and a
-        # storage-bound one's readers are bounded by the device: no loop bound, as before it
+        # more than its loop's thread, and neither that bound nor none can be told: no number, for
+        # any cause (a number there flipped from "no gain" at 0.99 of a core to 9x at 1.00)
         return cannot(
             f"the training process reads {i.main_cores:.0%} of a core: its loop's own work a step, on "
             "one core, may be what binds (then more workers gain nothing), but a process busier than a "
