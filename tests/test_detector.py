@@ -819,3 +819,46 @@ def test_the_hosts_runnable_threads_are_a_mean_without_gpumons_own_reading_threa
     hosts = tuple(w.hosts[0]._replace(t_s=float(t), runnable=n) for t, n in enumerate((4, 5, 3, 4)))
     assert gather(w._replace(hosts=hosts), TH).host_runnable == pytest.approx(3.0)  # 4 on average, less 1
     assert gather(w, TH).host_runnable is None  # a host (or a trace) that does not say
+
+
+def _fed_ticks(det: StarvationDetector, ticks: list[tuple[float, list[int], float | None]]) -> list[str]:
+    """Hand-made 1 s ticks of a GPU whose NVML samples read 0%: (time, its process ids, GPM's SM
+    activity or None where the reading failed). The raw state of each tick's verdict."""
+    from gpumon.core.model import GpmActivity
+
+    th = det.thresholds
+    samples: list[GpuSample] = []
+    hosts: list[HostSample] = []
+    states = []
+    for t, pids, sm in ticks:
+        gpm = None if sm is None else GpmActivity(graphics_ratio=sm * 2, sm_active_ratio=sm)
+        g = GpuSample(
+            t_s=t, index=0, uuid="GPU-x", name="H200", util_ratio=0.0,
+            processes=tuple(GpuProcess(p, 1 << 30) for p in pids),
+            util_history=tuple(UtilPoint(round(t - 1 + k / 6, 6), 0.0) for k in range(1, 7)),
+            gpm=gpm, power_w=80.0, power_limit_w=700.0,
+        )  # fmt: skip
+        samples.append(g)
+        hosts.append(HostSample(t, 16, 0.05, 0.1, 0.0, 0.2, 0.0))
+        window = [s for s in samples if s.t_s > t - th.window_s]
+        points = tuple(p for s in window for p in s.util_history if p.t_s > t - th.window_s)
+        v = det.feed(GpuWindow(t, g, tuple(window), points, tuple(h for h in hosts if h.t_s > t - 3)))
+        states.append(v.raw.state.value)
+    return states
+
+
+def test_a_gpm_reading_that_reaches_back_before_the_job_does_not_count_for_it() -> None:
+    """A GPM reading that failed on the tick a job came makes the next one cover both ticks: it may
+    hold the job before's kernels (a reviewer's find). Here job 222 comes at 10 s with no reading,
+    11 s reads the job before's tail, and 222 runs 4 ticks of a warm-up's small kernels, then goes
+    on starting up on the CPU: it is still `starting` (5 ticks with 11 s counted)."""
+    sm = 0.001
+    ticks: list[tuple[float, list[int], float | None]] = [(float(t), [111], sm) for t in range(1, 10)]
+    ticks += [(10.0, [222], None)] + [(float(t), [222], sm) for t in range(11, 16)]
+    ticks += [(float(t), [222], 0.0) for t in range(16, 40)]
+    states = _fed_ticks(StarvationDetector(Thresholds()), ticks)
+    assert states[10:] == ["starting"] * len(states[10:]), states
+    # and a job whose kernels GPM sees 5 ticks in a row over 5 s has run: no longer starting
+    ticks = [(float(t), [], 0.0) for t in range(1, 10)] + [(float(t), [222], sm) for t in range(10, 30)]
+    states = _fed_ticks(StarvationDetector(Thresholds()), ticks)
+    assert states[13] == "starting" and "starting" not in states[15:], states

@@ -192,6 +192,8 @@ class StarvationDetector:
         self._job_label: str | None = None
         self._job_since = 0.0
         self._last_sample_t: float | None = None
+        self._gpm_read = False
+        """The tick before had a GPM reading: after a failed one, GPM's next covers both ticks."""
         self._gpm_run: tuple[float, float, int] | None = None
         """GPM's SM activity in the ticks in a row so far, while the job has run no kernel NVML saw:
         (the start of the first one's interval, its time, how many ticks); None: not now."""
@@ -328,6 +330,7 @@ class StarvationDetector:
             self._job_arrival = None if before is None else (before, window.gpu.t_s)
         prev_t = self._last_sample_t
         self._last_sample_t = window.gpu.t_s
+        had_gpm, self._gpm_read = self._gpm_read, window.gpu.gpm is not None
         if key != self._job:
             self._job, self._job_label = key, job_label(window.gpu)
         if key is not None and not self._job_ran:
@@ -337,7 +340,7 @@ class StarvationDetector:
             # before's last kernels, or a straddling sample)
             first = next((p for p in later[1:] if p.util_ratio > gap), None)
             # (the arrival's tick never counts: its GPM interval may reach back before the job)
-            stepping = None if arrived else self._gpm_stepping(window.gpu, prev_t)
+            stepping = None if arrived else self._gpm_stepping(window.gpu, prev_t if had_gpm else None)
             ran = first.t_s if first is not None else stepping
             if ran is not None:
                 self._job_ran = True
@@ -349,13 +352,20 @@ class StarvationDetector:
         """Where GPM has said kernels ran in each tick in a row up to `g`, at least KERNEL_TICKS of
         them over at least KERNEL_SECONDS, when the first of them was. Counted tick by tick, not
         within the detector's window, so that neither a short window nor a long interval keeps
-        the run from its length."""
+        the run from its length. `prev_t`: the tick before, where it had a GPM reading."""
         a = g.gpm
-        if prev_t is None or a is None or a.sm_active_ratio is None or a.sm_active_ratio < KERNEL_SM_ACTIVE:
+        if a is None or a.sm_active_ratio is None or a.sm_active_ratio < KERNEL_SM_ACTIVE:
             self._gpm_run = None
             return None
-        # each tick's GPM activity is over the interval since the tick before it
-        start, first, n = self._gpm_run if self._gpm_run is not None else (prev_t, g.t_s, 0)
+        run = self._gpm_run
+        if run is None:
+            if prev_t is None:
+                # no reading the tick before (a failed one: this one reaches back over it, perhaps
+                # to before the job came): a run starts at a reading that covers one tick
+                return None
+            # each tick's GPM activity is over the interval since the tick before it
+            run = (prev_t, g.t_s, 0)
+        start, first, n = run
         self._gpm_run = (start, first, n + 1)
         if n + 1 >= KERNEL_TICKS and g.t_s - start >= KERNEL_SECONDS - 1e-9:
             return first
