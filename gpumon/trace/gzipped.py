@@ -99,9 +99,9 @@ FLUSH_MARK = b"\x00\x00\xff\xff"
 """What a sync flush leaves in a deflate stream (an empty stored block): gpumon's writers flush at
 whole records (the recorder every few seconds, `record -o` more often), so the bytes up to one
 inflate to whole records."""
-SALVAGE_DROP = 2
+SALVAGE_DROP = 1
 """Of a damaged chunk, what inflates up to the last flush but one ahead of the failing piece is
-kept, less this many records and one: the block before the failure, and a record more, may hold
+kept, less this many records more: the block before the failure, and a record more, may hold
 what the bad bytes made before zlib saw them. A 1,160-byte stream flushed at every record, each of
 its 9,056 single-bit flips (a reviewer's pass, 2026-12-04): an altered record that parses as JSON
 in 4 flips, as in 3 when nothing of a damaged chunk was kept (54 and 7 keeping all up to the last
@@ -116,7 +116,7 @@ where, and what inflated may hold altered records: nothing of the chunk is kept.
 def _before_damage(z: Any, data: bytes, error: zlib.error, most: int) -> bytes:
     """The whole records of `data` that inflate before its damage, from `z` (a copy of the
     decompressor before it), at most `most` bytes: up to the flush before the last flush ahead of
-    the piece in which zlib fails, less SALVAGE_DROP - 1 records more (bad bytes may inflate into
+    the piece in which zlib fails, less SALVAGE_DROP records more (bad bytes may inflate into
     something for a while before zlib sees them). Nothing where zlib failed on the trailer's check."""
     if any(e in str(error) for e in TRAILER_ERRORS):
         return b""
@@ -141,10 +141,23 @@ def _before_damage(z: Any, data: bytes, error: zlib.error, most: int) -> bytes:
         return b""
     if len(out) > most:
         return b""
-    for _ in range(SALVAGE_DROP - 1):
+    for _ in range(SALVAGE_DROP):
         end = out.rfind(b"\n", 0, len(out) - 1)
         out = out[: end + 1] if end >= 0 else b""
     return out
+
+
+def _whole_lines(pending: bytearray, out: bytes, offset: int) -> Iterator[tuple[bytes, int]]:
+    """`out` appended to `pending` (which holds no newline), its whole lines given and cut from it
+    at once, never sliced per line (a chunk inflating to half a million short lines cost a copy of
+    the rest per line, 14 s for a 1 MB file: found by a hostile-input pass)."""
+    scan = len(pending)
+    pending += out
+    start = 0
+    while (nl := pending.find(b"\n", scan)) >= 0:
+        yield bytes(pending[start : nl + 1]), offset
+        start = scan = nl + 1
+    del pending[:start]
 
 
 class GzipLines:
@@ -165,12 +178,10 @@ class GzipLines:
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
         z = zlib.decompressobj(31)
-        # inflated bytes not yet yielded (no newline in them): grown in place and cut once per
-        # chunk, never sliced per line (a chunk inflating to half a million short lines cost a
-        # copy of the rest per line, 14 s for a 1 MB file: found by a hostile-input pass)
-        pending = bytearray()
+        pending = bytearray()  # inflated bytes not yet given (no newline in them): _whole_lines
         while chunk := self._f.read(CHUNK):
             data = chunk
+            bound = RATIO_FREE_BYTES + MAX_RATIO * (self.offset + len(chunk))  # inflated, at most
             while data:
                 before = z.copy()  # (~1 us): what a damaged chunk inflates before the damage
                 try:
@@ -178,26 +189,16 @@ class GzipLines:
                 except zlib.error as e:
                     e.offset = self.offset  # type: ignore[attr-defined]
                     # the whole lines before the damage are records like any other: the chunk
-                    # again in small pieces, up to the piece that fails (its partial line dropped)
-                    allowed = RATIO_FREE_BYTES + MAX_RATIO * (self.offset + len(chunk)) - self.inflated
-                    out = _before_damage(before, data, e, min(MAX_PENDING - len(pending), allowed))
+                    # again up to the damage (its partial line dropped), then the error
+                    most = min(MAX_PENDING - len(pending), bound - self.inflated)
+                    out = _before_damage(before, data, e, most)
                     self.inflated += len(out)
-                    pending += out
-                    start = 0
-                    while (nl := pending.find(b"\n", start)) >= 0:
-                        yield bytes(pending[start : nl + 1]), self.offset
-                        start = nl + 1
+                    yield from _whole_lines(pending, out, self.offset)
                     raise
                 self.inflated += len(out)
-                if self.inflated > RATIO_FREE_BYTES + MAX_RATIO * (self.offset + len(chunk)):
+                if self.inflated > bound:
                     raise TooCompressed(self.offset + len(chunk), self.inflated)
-                scan = len(pending)  # what was pending holds no newline
-                pending += out
-                start = 0
-                while (nl := pending.find(b"\n", scan)) >= 0:
-                    yield bytes(pending[start : nl + 1]), self.offset
-                    start = scan = nl + 1
-                del pending[:start]
+                yield from _whole_lines(pending, out, self.offset)
                 data = z.unconsumed_tail
                 if len(pending) >= MAX_PENDING:
                     yield bytes(pending), self.offset
