@@ -181,11 +181,14 @@ def test_kill_9_loses_at_most_the_last_5_seconds(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    (seg,) = list_segments(str(tmp_path))
-    trace = read_trace(seg.path)
+    # two where the run crossed a segment's boundary on the wall clock (a fresh-machine run at 21:00)
+    segments = list_segments(str(tmp_path))
+    assert 1 <= len(segments) <= 2, segments
+    traces = [read_trace(seg.path) for seg in segments]
+    trace = traces[-1]
     assert trace.end is None and any("without its end" in w for w in trace.warnings)
     # the recorder hands its ticks to the OS every 5 s (SYNC_EVERY_S): 25 at 0.2 s, and the one in hand
-    assert len(trace.ticks) >= state["ticks"] - 26, "at most 5 s of ticks lost"
+    assert sum(len(t.ticks) for t in traces) >= state["ticks"] - 26, "at most 5 s of ticks lost"
 
 
 def test_simulated_gpus_are_not_recorded_unless_asked(tmp_path: Path) -> None:
