@@ -418,6 +418,19 @@ def gather(
     )
 
 
+def at_rest(g: GpuSample) -> bool:
+    """Nothing on the GPU in this tick's sample: it answered, no process or job holds it, it is not
+    a MIG instance, its utilization and every driver sample since the tick before read 0, and GPM
+    (where read) saw no kernel. What lets the tracker carry an idle verdict on (StarvationDetector.
+    carry): any of these, and the GPU is judged from its window again."""
+    if not g.available or g.mig is not None or g.processes or g.jobs or g.util_ratio != 0.0:
+        return False
+    a = g.gpm
+    if a is not None and a.sm_active_ratio is not None and a.sm_active_ratio >= KERNEL_SM_ACTIVE:
+        return False
+    return not any(map(_util_of, g.util_history))
+
+
 class _JobMeans(NamedTuple):
     cpu: float | None
     main: float | None

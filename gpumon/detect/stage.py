@@ -54,16 +54,41 @@ def _recent(items: Sequence[T], since: float) -> tuple[T, ...]:
 _time: Callable[[Any], float] = attrgetter("t_s")
 
 
-def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:
+def window_cutter(
+    sampler: HistoriesLike, tick: Tick, th: Thresholds
+) -> tuple[Callable[[GpuSample], GpuWindow | None], Callable[[GpuSample], int]]:
+    """Each GPU's window at the tick, cut when asked (None: no history), and how many driver
+    samples it holds, counted without cutting it: the detector cuts the windows of the GPUs it
+    judges only (a GPU at rest carries its verdict on: FleetDetector.judge). The host window is cut
+    once, at the first."""
     t = tick.t_s
-    hosts = _recent(sampler.host_history, t - th.host_window_s)
     since = t - th.window_s
-    out = []
-    for g in tick.gpus:
+    hosts: list[tuple[HostSample, ...]] = []
+
+    def cut(g: GpuSample) -> GpuWindow | None:
         hist = sampler.history.get((g.index, g.uuid))
-        if hist is not None:
-            out.append(GpuWindow(t, g, _recent(hist.samples, since), _recent(hist.points, since), hosts))
-    return out
+        if hist is None:
+            return None
+        if not hosts:
+            hosts.append(_recent(sampler.host_history, t - th.host_window_s))
+        return GpuWindow(t, g, _recent(hist.samples, since), _recent(hist.points, since), hosts[0])
+
+    def count(g: GpuSample) -> int:
+        hist = sampler.history.get((g.index, g.uuid))
+        if hist is None:
+            return 0
+        points = hist.points
+        if not points or _time(points[0]) > since:
+            return len(points)
+        return len(points) - bisect_right(points, since, key=_time)
+
+    return cut, count
+
+
+def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:
+    """Every GPU's window at the tick."""
+    cut, _ = window_cutter(sampler, tick, th)
+    return [w for w in map(cut, tick.gpus) if w is not None]
 
 
 class DetectorSink:
@@ -85,7 +110,8 @@ class DetectorSink:
         self.latest: list[Verdict] = []
 
     def feed(self, tick: Tick) -> list[Verdict]:
-        verdicts = self.fleet.feed(windows_for(self.sampler, tick, self.thresholds))
+        cut, count = window_cutter(self.sampler, tick, self.thresholds)
+        verdicts = self.fleet.judge(tick.t_s, tick.gpus, cut, count)
         self.advisor.feed(verdicts)
         self.latest = verdicts
         return verdicts
