@@ -17,7 +17,7 @@ import gpumon.detect.tracker as tracker
 from gpumon.analyze.corpus import Case, record
 from gpumon.analyze.trace_report import Analysis, analyze
 from gpumon.core.model import GpmActivity, GpuProcess, GpuSample, UtilPoint
-from gpumon.detect.evidence import GpuWindow
+from gpumon.detect.evidence import PERIOD_POINTS, GpuWindow, sample_period
 from gpumon.detect.thresholds import Thresholds
 from gpumon.detect.tracker import FleetDetector, StarvationDetector, Verdict
 from gpumon.sim import scenarios as sc
@@ -40,7 +40,7 @@ def counting_gather(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def judging_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(StarvationDetector, "carry", lambda self, t_s, g, points: None)
+    monkeypatch.setattr(StarvationDetector, "carry", lambda self, t_s, g, points, period_s: None)
 
 
 def said(v: Verdict) -> tuple[Any, ...]:
@@ -169,12 +169,13 @@ class Fleet:
             points = tuple(p for s in mine for p in s.util_history if p.t_s > t - th.window_s)
             return GpuWindow(t, g, tuple(mine), points, ())
 
-        def points_of(g: GpuSample) -> int:
-            return sum(
-                p.t_s > t - th.window_s for s in self.samples[(g.index, g.uuid)] for p in s.util_history
-            )
+        def shape_of(g: GpuSample) -> tuple[int, float | None]:
+            points = [
+                p for s in self.samples[(g.index, g.uuid)] for p in s.util_history if p.t_s > t - th.window_s
+            ]
+            return len(points), sample_period(points[-PERIOD_POINTS:])
 
-        return self.fleet.judge(t, gpus, window_of, points_of)
+        return self.fleet.judge(t, gpus, window_of, shape_of)
 
 
 def twice(ticks: list[list[GpuSample]], monkeypatch: pytest.MonkeyPatch) -> tuple[list, list, int, int]:
@@ -251,3 +252,113 @@ def test_new_thresholds_judge_a_gpu_at_rest_at_once(monkeypatch: pytest.MonkeyPa
         det.thresholds = th
     fleet.tick([idle_sample(20.0)])
     assert fleet.cut == cut + 1
+
+
+def _per_s(t: int) -> int:
+    return 3 if t < 40 else 6
+
+
+def ticks_with_samples(points_at: Any, until: int = 60) -> list[list[GpuSample]]:
+    """An idle GPU's ticks at 1 s, each with the driver samples `points_at(t)` gives (their times)."""
+    return [
+        [idle_sample(float(t), util_history=tuple(UtilPoint(p, 0.0) for p in points_at(t)))]
+        for t in range(1, until + 1)
+    ]
+
+
+def _jittered(seed: int) -> Any:
+    import random
+
+    rng = random.Random(seed)
+    return lambda t: [k / 6 + rng.uniform(-0.008, 0.008) for k in range(6 * t - 5, 6 * t + 1)]
+
+
+@pytest.mark.parametrize(
+    ("what", "ticks", "th"),
+    [
+        (
+            "the driver's sample period halves (1/3 s, then 1/6 s)",
+            ticks_with_samples(lambda t: [t - 1 + k / _per_s(t) for k in range(1, _per_s(t) + 1)]),
+            TH,
+        ),
+        (
+            "sub-second samples stop for more than a window, then come back",
+            ticks_with_samples(lambda t: [] if 20 <= t < 40 else [t - 1 + k / 6 for k in range(1, 7)]),
+            TH,
+        ),
+        ("sample times jitter (+-8 ms at 1/6 s)", ticks_with_samples(_jittered(1), until=120), TH),
+        (
+            "one driver sample a second that stops (min_points 1: tick readings stand in)",
+            ticks_with_samples(lambda t: [] if t >= 24 else [t - 0.5]),
+            Thresholds(min_points=1),
+        ),
+    ],
+)
+def test_a_gpu_at_rest_whose_samples_change_reads_as_if_judged(
+    what: str, ticks: list[list[GpuSample]], th: Thresholds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's cases: a carried confidence must be the one a judgement gives, whatever the
+    driver's samples do meanwhile (their count, period, times)."""
+    carried, judged = Fleet(th), Fleet(th)
+    a = [carried.tick(t) for t in ticks]
+    with monkeypatch.context() as m:
+        judging_every_window(m)
+        b = [judged.tick(t) for t in ticks]
+    assert [[said(v) for v in vs] for vs in a] == [[said(v) for v in vs] for vs in b], what
+    assert carried.cut < judged.cut, f"{what}: never carried"
+
+
+def test_the_nvml_source_at_rest_then_waking_reads_as_if_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real NvmlSource, Sampler and DetectorSink: after 30 s at rest the source gives one 0% point a
+    tick (it stops asking for the driver's samples); a CUDA context's memory with no process listed
+    wakes it to 6 samples a second while the GPU stays idle. Carried, the confidence read 1.0 where a
+    judgement read 0.375-0.93 for 7 ticks (found by review)."""
+    from gpumon.collect.sampler import Sampler
+    from gpumon.detect.stage import DetectorSink
+    from tests.test_nvml_source import RestingDriver, _source
+
+    class Clock:
+        def now(self) -> float:
+            return 0.0
+
+    def run() -> tuple[list[Verdict], int]:
+        fake = RestingDriver()
+        src = _source(fake)
+
+        class Source:
+            name = "nvml"
+
+            def poll(self, t: float) -> list[GpuSample]:
+                fake.tick(int(t))
+                return src.poll(t)
+
+        sampler = Sampler(Source(), None, Clock(), interval_s=1.0, window_s=60.0)  # type: ignore[arg-type]
+        sink = DetectorSink(sampler)
+        gathered = counting_gather(monkeypatch)
+        out = []
+        for t in range(1, 111):
+            if t == 70:
+                fake.used = 700 << 20
+            out.append(next(v for v in sink.feed(sampler.tick(float(t))) if v.index == 0))
+        return out, gathered[0]
+
+    carried, gathered_carried = run()
+    with monkeypatch.context() as m:
+        judging_every_window(m)
+        judged, gathered_judged = run()
+    assert [said(v) for v in carried] == [said(v) for v in judged]
+    assert gathered_carried < gathered_judged
+
+
+def test_a_tick_from_before_the_last_judgement_is_judged() -> None:
+    """A clock that steps back (two traces replayed one after the other) never carries a verdict
+    judged later than the tick."""
+    fleet = Fleet()
+    verdicts = [fleet.tick([idle_sample(float(t))])[0] for t in range(1, 30)]
+    pairs = zip(verdicts[1:], verdicts, strict=False)
+    judged = max(v.t_s for v, before in pairs if v.evidence is not before.evidence)
+    det = next(iter(fleet.fleet.gpus.values()))
+    assert det.carry(29.5, idle_sample(29.5), 8, 1.0) is not None, "at rest, a moment later: carried"
+    assert det.carry(judged - 1.0, idle_sample(judged - 1.0), 8, 1.0) is None

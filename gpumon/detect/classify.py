@@ -33,16 +33,6 @@ def _conf(margin: float, scale: float) -> float:
     return round(0.5 + 0.5 * max(0.0, min(1.0, margin / scale if scale > 0 else 1.0)), 3)
 
 
-def idle(th: Thresholds, recent: float, fill: float) -> Classification:
-    """The idle rule's answer: its recent duty `recent`, its window filled to `fill` (1.0: full)."""
-    return Classification(
-        State.IDLE,
-        None,
-        round(_conf(th.stalled_duty - recent, th.stalled_duty) * fill, 3),
-        "no process on the GPU",
-    )
-
-
 def classify(
     ev: Evidence,
     th: Thresholds,
@@ -74,7 +64,9 @@ def classify(
     # just ended shows as idle without waiting for its work to leave the window.
     recent = ev.recent_duty if ev.recent_duty is not None else duty
     if not ev.has_job and recent < th.stalled_duty:
-        return idle(th, recent, fill)
+        return result(
+            State.IDLE, None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU"
+        )
     if duty < th.stalled_duty and starting_s is not None:
         return result(
             State.STARTING,

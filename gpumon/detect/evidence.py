@@ -312,6 +312,18 @@ _util_of = operator.attrgetter("util_ratio")
 _time_of = operator.attrgetter("t_s")
 
 
+def sample_period(newest: Sequence[UtilPoint]) -> float | None:
+    """The driver's sample period, from a window's newest PERIOD_POINTS samples (oldest first): the
+    median of their spacings (constant for a GPU; a median over all of a window's samples would
+    cost a sort per tick for nothing). None from fewer than two."""
+    if len(newest) < 2:
+        return None
+    times: list[float] = list(map(_time_of, newest))
+    spacing: list[float] = sorted(map(operator.sub, times[1:], times))
+    mid = len(spacing) // 2  # the median, as statistics.median has it
+    return spacing[mid] if len(spacing) % 2 else (spacing[mid - 1] + spacing[mid]) / 2
+
+
 def gather(
     window: GpuWindow,
     th: Thresholds,
@@ -329,14 +341,7 @@ def gather(
     if work_since_s is not None and pts and pts[0].t_s < work_since_s:
         pts = tuple(p for p in pts if p.t_s >= work_since_s - 1e-9)
     values = list(map(_util_of, pts))
-    period = None
-    if len(pts) >= 2:
-        # the driver's sample period: the median spacing of the newest samples (constant for a GPU;
-        # a median over all of a window's samples would cost a sort per tick for nothing)
-        times = list(map(_time_of, pts[-PERIOD_POINTS:]))
-        spacing = sorted(map(operator.sub, times[1:], times))
-        mid = len(spacing) // 2  # the median, as statistics.median has it
-        period = spacing[mid] if len(spacing) % 2 else (spacing[mid - 1] + spacing[mid]) / 2
+    period = sample_period(pts[-PERIOD_POINTS:])
     duty = p5 = p95 = gap_share = bursts_per_s = mean_burst = mean_gap = gap_cv = None
     bursty_quarters = 0
     recent_duty = change_age = duty_since_change = None

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpumon.core.model import GpuSample, HostSample, Tick, UtilPoint
 from gpumon.detect.advisor import Advisor
-from gpumon.detect.evidence import GpuWindow
+from gpumon.detect.evidence import PERIOD_POINTS, GpuWindow, sample_period
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.tracker import MAX_EPISODES_KEPT, FleetDetector, Verdict
 
@@ -56,11 +56,11 @@ _time: Callable[[Any], float] = attrgetter("t_s")
 
 def window_cutter(
     sampler: HistoriesLike, tick: Tick, th: Thresholds
-) -> tuple[Callable[[GpuSample], GpuWindow | None], Callable[[GpuSample], int]]:
+) -> tuple[Callable[[GpuSample], GpuWindow | None], Callable[[GpuSample], tuple[int, float | None]]]:
     """Each GPU's window at the tick, cut when asked (None: no history), and how many driver
-    samples it holds, counted without cutting it: the detector cuts the windows of the GPUs it
-    judges only (a GPU at rest carries its verdict on: FleetDetector.judge). The host window is cut
-    once, at the first."""
+    samples it holds and their period, read without cutting it: the detector cuts the windows of
+    the GPUs it judges only (a GPU at rest carries its verdict on: FleetDetector.judge). The host
+    window is cut once, at the first."""
     t = tick.t_s
     since = t - th.window_s
     hosts: list[tuple[HostSample, ...]] = []
@@ -73,16 +73,21 @@ def window_cutter(
             hosts.append(_recent(sampler.host_history, t - th.host_window_s))
         return GpuWindow(t, g, _recent(hist.samples, since), _recent(hist.points, since), hosts[0])
 
-    def count(g: GpuSample) -> int:
+    def shape(g: GpuSample) -> tuple[int, float | None]:
         hist = sampler.history.get((g.index, g.uuid))
         if hist is None:
-            return 0
+            return 0, None
         points = hist.points
-        if not points or _time(points[0]) > since:
-            return len(points)
-        return len(points) - bisect_right(points, since, key=_time)
+        n = (
+            len(points)
+            if not points or _time(points[0]) > since
+            else len(points) - bisect_right(points, since, key=_time)
+        )
+        newest = list(islice(reversed(points), min(n, PERIOD_POINTS)))
+        newest.reverse()
+        return n, sample_period(newest)
 
-    return cut, count
+    return cut, shape
 
 
 def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:

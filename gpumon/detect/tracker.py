@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
-from gpumon.core.model import GpuSample
-from gpumon.detect.classify import Classification, classify, idle
+from gpumon.core.model import GpuSample, UtilPoint
+from gpumon.detect.classify import Classification, classify
 from gpumon.detect.evidence import (
     KERNEL_SM_ACTIVE,
+    PERIOD_POINTS,
     Evidence,
     GpuWindow,
     JobKey,
@@ -20,6 +21,7 @@ from gpumon.detect.evidence import (
     gather,
     job_key,
     job_label,
+    sample_period,
 )
 from gpumon.detect.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from gpumon.detect.vocabulary import WASTEFUL, Cause, State, state_label
@@ -212,9 +214,10 @@ class StarvationDetector:
         self._job_waited = False
         """This detector saw the job start up (young, no kernel yet): once it runs, its window
         starts at its first kernel."""
-        self._rest: tuple[Verdict, float, Thresholds] | None = None
-        """(the verdict, when, under which thresholds) of the last window judged, where it found
-        the GPU idle with nothing in its whole window: what `carry` carries on."""
+        self._rest: tuple[Verdict, float, Thresholds, int, int] | None = None
+        """(the verdict, when, under which thresholds, its window's driver samples, the samples a
+        full window holds at their period) of the last window judged, where it found the GPU idle
+        with nothing in its whole, full window: what `carry` carries on."""
 
     @property
     def state(self) -> State:
@@ -322,38 +325,41 @@ class StarvationDetector:
             and waiting_for is None
             and not mig_instances
         )
-        self._rest = (verdict, t, th) if resting else None
+        self._rest = (verdict, t, th, ev.points, expected) if resting and expected is not None else None
         return verdict
 
-    def carry(self, t_s: float, g: GpuSample, points: int) -> Verdict | None:
+    def carry(self, t_s: float, g: GpuSample, points: int, period_s: float | None) -> Verdict | None:
         """The verdict at `t_s` of a GPU at rest, without its window: where the last window judged
-        found it idle with nothing in the whole window, a full window less than a window ago (under
-        the same thresholds), and this tick's sample `g` shows nothing on it (evidence.at_rest),
-        its idle verdict goes on, with that window's evidence (a GPU at rest is judged from its
-        window once a window). `points`: the driver samples in its window now, of which the
-        verdict's confidence is made as a judgement makes it. None: judge its window (`feed`).
+        found it idle with nothing in the whole window, a full window of driver samples less than
+        a window ago (under the same thresholds), this tick's sample `g` shows nothing on it
+        (evidence.at_rest), and its window holds as many driver samples as then (`points`, counted
+        without cutting it) at a period (`period_s`, evidence.sample_period) that makes a full
+        window as many as then, its idle verdict goes on as it was, with that window's evidence (a
+        GPU at rest is judged from its window once a window). None: judge its window (`feed`).
 
         Such a GPU's window holds only zeros and no process, and the new sample adds the same:
-        judged, it reads idle again, with the same confidence, and nothing of the job-following
-        state changes but what is set here. An idle daemon judged every GPU's window on every tick:
-        0.07% of a core, of 0.22%, for 8 idle GPUs at a 1 s cadence on the stand-in driver
-        (docs/benchmarks.md)."""
+        judged, it reads idle again, and nothing of the job-following state changes but what is
+        set here. With as many samples of a full window as many, its confidence (the idle rule's
+        times the window's fill) is the same. An idle daemon judged
+        every GPU's window on every tick: 0.07% of a core, of 0.22%, for 8 idle GPUs at a 1 s
+        cadence on the stand-in driver (docs/benchmarks.md)."""
         rest = self._rest
         if rest is None:
             return None
-        verdict, judged_t, th = rest
-        if th is not self.thresholds or not 0.0 <= t_s - judged_t < th.window_s or not at_rest(g):
+        verdict, judged_t, th, judged_points, full = rest
+        if (
+            th is not self.thresholds
+            or points != judged_points
+            or period_s is None
+            or round(th.window_s / period_s) != full
+            or not 0.0 <= t_s - judged_t < th.window_s
+            or not at_rest(g)
+        ):
             return None
-        ev = verdict.evidence
-        if points < th.min_points or ev.period_s is None:
-            return None  # samples missing: what the window says then is the judgement's to say
-        raw = idle(th, 0.0, min(1.0, points / round(th.window_s / ev.period_s)))  # as classify has it
         # what _follow_job does for a GPU that has no job and had none
         self._last_sample_t = g.t_s
         self._gpm_read = g.gpm is not None
-        self._account(t_s, ev, agrees=True)
-        if raw.confidence != verdict.confidence:
-            return verdict._replace(t_s=t_s, confidence=raw.confidence, raw=raw)
+        self._account(t_s, verdict.evidence, agrees=True)
         return verdict._replace(t_s=t_s)
 
     def _wasted_rounded(self) -> float:
@@ -520,7 +526,7 @@ class FleetDetector:
             windows[0].t_s,
             [w.gpu for w in windows],
             lambda g: by_gpu[id(g)],
-            lambda g: len(by_gpu[id(g)].points),
+            lambda g: _shape(by_gpu[id(g)].points),
         )
 
     def judge(
@@ -528,12 +534,12 @@ class FleetDetector:
         t_s: float,
         gpus: Sequence[GpuSample],
         window_of: Callable[[GpuSample], GpuWindow | None],
-        points_of: Callable[[GpuSample], int],
+        shape_of: Callable[[GpuSample], tuple[int, float | None]],
     ) -> list[Verdict]:
         """The verdicts of one tick at `t_s`: each GPU of `gpus` judged from its window, cut by
         `window_of` (None: no history, no verdict) only where it is needed: a GPU at rest carries
         its idle verdict on without one (StarvationDetector.carry), from the number of driver
-        samples its window would hold (`points_of`, which cuts nothing)."""
+        samples its window holds and their period (`shape_of`, which cuts nothing)."""
         instances: dict[int, int] = {}
         for g in gpus:
             if g.mig is not None:
@@ -545,7 +551,7 @@ class FleetDetector:
             key = (g.index, g.uuid)
             det = self.gpus.get(key)
             parent_of = instances.get(g.index, 0) if g.mig is None else 0
-            verdict = det.carry(t_s, g, points_of(g)) if det is not None and not parent_of else None
+            verdict = det.carry(t_s, g, *shape_of(g)) if det is not None and not parent_of else None
             if verdict is None:
                 w = window_of(g)
                 if w is None:
@@ -588,6 +594,11 @@ class FleetDetector:
             if (v.index, v.uuid) != key and v.evidence.duty_cycle is not None
         ]
         return min(found, key=lambda v: v.evidence.duty_cycle or 0.0) if found else None
+
+
+def _shape(points: Sequence[UtilPoint]) -> tuple[int, float | None]:
+    """A window's driver samples: how many, and their period (as gather reads it)."""
+    return len(points), sample_period(points[-PERIOD_POINTS:])
 
 
 def _mean_duty(op: _Open) -> float | None:
