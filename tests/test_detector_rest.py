@@ -40,7 +40,7 @@ def counting_gather(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def judging_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(StarvationDetector, "carry", lambda self, t_s, g, points, period_s: None)
+    monkeypatch.setattr(StarvationDetector, "carry", lambda self, t_s, g, shape_of: None)
 
 
 def said(v: Verdict) -> tuple[Any, ...]:
@@ -288,6 +288,13 @@ def _jittered(seed: int) -> Any:
         ),
         ("sample times jitter (+-8 ms at 1/6 s)", ticks_with_samples(_jittered(1), until=120), TH),
         (
+            "samples slow from 1 s to 2.5 s: 3 or 4 in a window, a full one's 3 short of min_points 4",
+            ticks_with_samples(
+                lambda t: [t - 0.5] if t < 40 else [k * 2.5 for k in range(16, 40) if t - 1 < k * 2.5 <= t]
+            ),
+            TH,
+        ),
+        (
             "one driver sample a second that stops (min_points 1: tick readings stand in)",
             ticks_with_samples(lambda t: [] if t >= 24 else [t - 0.5]),
             Thresholds(min_points=1),
@@ -360,5 +367,9 @@ def test_a_tick_from_before_the_last_judgement_is_judged() -> None:
     pairs = zip(verdicts[1:], verdicts, strict=False)
     judged = max(v.t_s for v, before in pairs if v.evidence is not before.evidence)
     det = next(iter(fleet.fleet.gpus.values()))
-    assert det.carry(29.5, idle_sample(29.5), 8, 1.0) is not None, "at rest, a moment later: carried"
-    assert det.carry(judged - 1.0, idle_sample(judged - 1.0), 8, 1.0) is None
+
+    def shape(g: GpuSample) -> tuple[int, float]:
+        return 8, 1.0  # a full window, as judged
+
+    assert det.carry(29.5, idle_sample(29.5), shape) is not None, "at rest, a moment later: carried"
+    assert det.carry(judged - 1.0, idle_sample(judged - 1.0), shape) is None

@@ -115,8 +115,8 @@ class DetectorSink:
         self.latest: list[Verdict] = []
 
     def feed(self, tick: Tick) -> list[Verdict]:
-        cut, count = window_cutter(self.sampler, tick, self.thresholds)
-        verdicts = self.fleet.judge(tick.t_s, tick.gpus, cut, count)
+        cut, shape = window_cutter(self.sampler, tick, self.thresholds)
+        verdicts = self.fleet.judge(tick.t_s, tick.gpus, cut, shape)
         self.advisor.feed(verdicts)
         self.latest = verdicts
         return verdicts

@@ -214,10 +214,9 @@ class StarvationDetector:
         self._job_waited = False
         """This detector saw the job start up (young, no kernel yet): once it runs, its window
         starts at its first kernel."""
-        self._rest: tuple[Verdict, float, Thresholds, int, int] | None = None
-        """(the verdict, when, under which thresholds, its window's driver samples, the samples a
-        full window holds at their period) of the last window judged, where it found the GPU idle
-        with nothing in its whole, full window: what `carry` carries on."""
+        self._rest: tuple[Verdict, float, Thresholds] | None = None
+        """(the verdict, when, under which thresholds) of the last window judged, where it found the
+        GPU idle with nothing in its whole, full window: what `carry` carries on."""
 
     @property
     def state(self) -> State:
@@ -314,7 +313,8 @@ class StarvationDetector:
             raw=raw,
             wasted_gpu_s=self._wasted_rounded(),
         )
-        resting = (
+        self._rest = None
+        if (
             raw.state == State.IDLE
             and op.state == State.IDLE
             and self._candidate is None
@@ -324,38 +324,37 @@ class StarvationDetector:
             and ev.points >= expected  # a full window (one filling up is judged as it fills)
             and waiting_for is None
             and not mig_instances
-        )
-        self._rest = (verdict, t, th, ev.points, expected) if resting and expected is not None else None
+        ):
+            self._rest = (verdict, t, th)
         return verdict
 
-    def carry(self, t_s: float, g: GpuSample, points: int, period_s: float | None) -> Verdict | None:
+    def carry(
+        self, t_s: float, g: GpuSample, shape_of: Callable[[GpuSample], tuple[int, float | None]]
+    ) -> Verdict | None:
         """The verdict at `t_s` of a GPU at rest, without its window: where the last window judged
         found it idle with nothing in the whole window, a full window of driver samples less than
         a window ago (under the same thresholds), this tick's sample `g` shows nothing on it
-        (evidence.at_rest), and its window holds as many driver samples as then (`points`, counted
-        without cutting it) at a period (`period_s`, evidence.sample_period) that makes a full
-        window as many as then, its idle verdict goes on as it was, with that window's evidence (a
-        GPU at rest is judged from its window once a window). None: judge its window (`feed`).
+        (evidence.at_rest), and its window is still full (`shape_of(g)`: how many driver samples
+        it holds and their period, read without cutting it, asked last), its idle verdict goes on
+        as it was, with that window's evidence (a GPU at rest is judged from its window once a
+        window). None: judge its window (`feed`).
 
         Such a GPU's window holds only zeros and no process, and the new sample adds the same:
         judged, it reads idle again, and nothing of the job-following state changes but what is
-        set here. With as many samples of a full window as many, its confidence (the idle rule's
-        times the window's fill) is the same. An idle daemon judged
-        every GPU's window on every tick: 0.07% of a core, of 0.22%, for 8 idle GPUs at a 1 s
-        cadence on the stand-in driver (docs/benchmarks.md)."""
+        set here. Full then and now, its confidence (the idle rule's, times the window's fill) is
+        the same; a window no longer full at its samples' period (a driver waking to sub-second
+        samples, samples missing) is judged. An idle daemon judged every GPU's window on every
+        tick: 0.07% of a core, of 0.22%, for 8 idle GPUs at a 1 s cadence on the stand-in driver
+        (docs/benchmarks.md)."""
         rest = self._rest
         if rest is None:
             return None
-        verdict, judged_t, th, judged_points, full = rest
-        if (
-            th is not self.thresholds
-            or points != judged_points
-            or period_s is None
-            or round(th.window_s / period_s) != full
-            or not 0.0 <= t_s - judged_t < th.window_s
-            or not at_rest(g)
-        ):
+        verdict, judged_t, th = rest
+        if th is not self.thresholds or not 0.0 <= t_s - judged_t < th.window_s or not at_rest(g):
             return None
+        points, period_s = shape_of(g)
+        if period_s is None or points < max(th.min_points, round(th.window_s / period_s)):
+            return None  # not a full window (as classify counts it): judged
         # what _follow_job does for a GPU that has no job and had none
         self._last_sample_t = g.t_s
         self._gpm_read = g.gpm is not None
@@ -551,7 +550,7 @@ class FleetDetector:
             key = (g.index, g.uuid)
             det = self.gpus.get(key)
             parent_of = instances.get(g.index, 0) if g.mig is None else 0
-            verdict = det.carry(t_s, g, *shape_of(g)) if det is not None and not parent_of else None
+            verdict = det.carry(t_s, g, shape_of) if det is not None and not parent_of else None
             if verdict is None:
                 w = window_of(g)
                 if w is None:
