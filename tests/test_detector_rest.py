@@ -373,3 +373,5 @@ def test_a_tick_from_before_the_last_judgement_is_judged() -> None:
 
     assert det.carry(29.5, idle_sample(29.5), shape) is not None, "at rest, a moment later: carried"
     assert det.carry(judged - 1.0, idle_sample(judged - 1.0), shape) is None
+    # samples all at one time (a hand-made window): no period to fill a window with, judged
+    assert det.carry(29.5, idle_sample(29.5), lambda g: (8, 0.0)) is None

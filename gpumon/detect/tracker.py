@@ -353,7 +353,7 @@ class StarvationDetector:
         if th is not self.thresholds or not 0.0 <= t_s - judged_t < th.window_s or not at_rest(g):
             return None
         points, period_s = shape_of(g)
-        if period_s is None or points < max(th.min_points, round(th.window_s / period_s)):
+        if not period_s or points < max(th.min_points, round(th.window_s / period_s)):
             return None  # not a full window (as classify counts it): judged
         # what _follow_job does for a GPU that has no job and had none
         self._last_sample_t = g.t_s
