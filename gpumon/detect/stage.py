@@ -90,12 +90,6 @@ def window_cutter(
     return cut, shape
 
 
-def windows_for(sampler: HistoriesLike, tick: Tick, th: Thresholds) -> list[GpuWindow]:
-    """Every GPU's window at the tick."""
-    cut, _ = window_cutter(sampler, tick, th)
-    return [w for w in map(cut, tick.gpus) if w is not None]
-
-
 class DetectorSink:
     """The detector stage of the pipeline: after each tick, a window per GPU in, verdicts out.
     Keeps the latest verdicts (what the daemon publishes)."""
