@@ -12,6 +12,11 @@ folder), 1 s cadence for both exporters.
   --warmup, each one's CPU time over --seconds (the kernel's exact per-thread run time,
   /proc/PID/task/*/schedstat) gives its share of a core, with its wake-ups per second (voluntary
   context switches). Medians over the rounds, and the ratio gpumon/peer.
+- Where gpumon's share goes: each of its threads' median share (by the kernel's thread name), and
+  beside it, in each round, a Python process with one thread that wakes once a second and does
+  nothing: the floor, on this machine, of a periodic thread such as gpumon's supervisor and XID
+  thread (each wake-up a thread switch, the interpreter's lock taken, the caches cold again). The
+  absolute goal is printed against gpumon's median.
 - First sample: spawn to the first answer of /metrics that carries a GPU series, each exporter
   started --starts times, alternately; medians and the ratio.
 
@@ -69,6 +74,32 @@ def run_ns(pid: int) -> int:
         except (FileNotFoundError, ProcessLookupError):
             continue  # a thread that ended between the listing and the read
     return total
+
+
+def thread_ns(pid: int) -> dict[str, int]:
+    """Each thread's exact CPU time so far, in ns, by its kernel name (threads of one name summed)."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            out[name] = out.get(name, 0) + int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+WAKER = """
+import threading
+done = threading.Event()
+def wake():
+    while not done.wait(1.0):
+        pass
+threading.Thread(target=wake, daemon=True).start()
+done.wait()
+"""
+"""The floor of a periodic thread here: a Python thread that wakes once a second and does nothing,
+as gpumon's supervisor and XID threads do while nothing happens (each wake-up is a thread switch,
+the interpreter's lock and the caches gone cold since the last one)."""
 
 
 def wakeups(pid: int) -> int:
@@ -230,6 +261,9 @@ def main() -> None:
     share: dict[str, list[float]] = {e.name: [] for e in who}
     wakes: dict[str, list[float]] = {e.name: [] for e in who}
     first: dict[str, list[float]] = {e.name: [] for e in who}
+    threads: dict[str, list[float]] = {}
+    """gpumon's share of a core per thread name, one entry per round (0 where absent)."""
+    floor: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         if args.real:
@@ -250,9 +284,12 @@ def main() -> None:
         for r in range(args.rounds):
             order = who if r % 2 == 0 else who[::-1]
             procs = [(e, spawn(e, env, tmp)[0]) for e in order]
+            waker = subprocess.Popen([sys.executable, "-c", WAKER])
             try:
                 time.sleep(args.warmup)
                 c0 = {e.name: (run_ns(p.pid), wakeups(p.pid)) for e, p in procs}
+                ours = next(p for x, p in procs if x.name == "gpumon")
+                t0_threads, t0_waker = thread_ns(ours.pid), run_ns(waker.pid)
                 t0 = time.monotonic()
                 time.sleep(args.seconds)
                 dt = time.monotonic() - t0
@@ -261,12 +298,19 @@ def main() -> None:
                         sys.exit(f"serve_idle: {e.name} exited with {p.returncode} during the round")
                     share[e.name].append((run_ns(p.pid) - c0[e.name][0]) / 1e9 / dt)
                     wakes[e.name].append((wakeups(p.pid) - c0[e.name][1]) / dt)
+                floor.append((run_ns(waker.pid) - t0_waker) / 1e9 / dt)
+                for name, ns in thread_ns(ours.pid).items():
+                    threads.setdefault(name, [0.0] * r).append((ns - t0_threads.get(name, 0)) / 1e9 / dt)
+                for shares in threads.values():
+                    if len(shares) == r:  # a thread gone before this round's end
+                        shares.append(0.0)
                 if args.real:
                     for e, p in procs:
                         print(f"round {r + 1}: {e.name} on the GPU: {footprint(p.pid)}")
             finally:
                 for _, p in procs:
                     stop(p)
+                stop(waker)
             print(
                 f"round {r + 1}: "
                 + "; ".join(f"{n} {share[n][-1] * 100:.3f}% ({wakes[n][-1]:.1f} wake-ups/s)" for n in share),
@@ -291,6 +335,14 @@ def main() -> None:
             else ""
         )
         print(f"  {n:16s} {idle}{first_s}")
+    if threads:
+        split = sorted(((med(v), k) for k, v in threads.items()), reverse=True)
+        print("  gpumon by thread: " + ", ".join(f"{k} {v * 100:.3f}%" for v, k in split if v > 0))
+        print(
+            f"  a Python thread that wakes once a second and does nothing: {med(floor) * 100:.3f}% of a core "
+            "here (gpumon's supervisor and XID threads wake so while nothing happens)"
+        )
+        print(f"gpumon: idle {med(share['gpumon']) * 100:.3f}% of a core (goal <= 0.15%)")
     if args.peer:
         ratios = []
         if args.rounds:
