@@ -12,6 +12,8 @@ ticks, driver samples at 1/6 s: benchmarks/trace_size.py):
 - Times are whole microseconds, as deltas: the tick's `dt_us` from the previous tick (the first from
   the start), and `util_history` as a flat list `[dt_us, util_ratio, dt_us, util_ratio, ...]` where
   the first dt is from the tick's own time and each next one from the sample before.
+- A host process's age, which grows every tick, is written as its birth (`born_us`, on the file's
+  clock), the same number tick after tick, wherever that gives the very age back (Encoder._births).
 Together: 66 MB per GPU per day in version 1 becomes about 4.6; zstandard at comparable CPU cost
 did no better (flushing every second leaves it little to work with), so no dependency is added.
 
@@ -89,6 +91,7 @@ NAMES: dict[str, str] = {
     "rq": "runq_wait_ratio",
     "bw": "blkio_wait_ratio",
     "age": "age_s",
+    "bn": "born_us",
 }
 """Version 3's field names, short -> long, written in each file's header (`names`): a tick's field
 names, written in full on every tick, were a sixth of a GPU-day once gzipped. The reader takes the
@@ -171,6 +174,9 @@ class Encoder:
         self._t_us = 0
         self._gpus: dict[tuple[int, int | None], dict[str, Any]] = {}
         self._host: dict[str, Any] | None = None
+        self._born: dict[Any, tuple[int, int, int]] = {}
+        """The last tick's host processes, by pid: the birth written (born_us), and the earliest
+        and latest births their ages allowed so far."""
 
     def encode(self, tick: Tick) -> dict[str, Any]:
         origin = self._origin
@@ -202,11 +208,55 @@ class Encoder:
             self._host = None
         else:
             full_host = _host_precision(host_to_dict(tick.host))
+            self._births(full_host, t_us)
             rec["host"] = _changes(self._host, full_host)
             self._host = full_host
         if tick.source_errors:
             rec["source_errors"] = list(tick.source_errors)
         return shorten(rec) if self._short else rec
+
+    def _births(self, host: dict[str, Any], t_us: int) -> None:
+        """Each host process's `age_s` written as its birth, `born_us` (the file's microseconds),
+        wherever the reader's `age_at(t_us, born_us)` gives the very same age back; else as it is.
+        An age grows with every tick (a GPU-day's 6%, once gzipped); a birth stays the same number
+        while it gives each tick's age. Ages come to 0.1 s, so each one says the birth lies within
+        50 ms of the tick's time less the age: the births a process's ages allowed so far narrow
+        to its true one, and a birth taken from their middle keeps giving the ages the ticks' jitter
+        moves across a tenth (one taken from a single age would miss some)."""
+        born_was = self._born
+        born_now: dict[Any, tuple[int, int, int]] = {}
+        procs = host.get("processes")
+        if not procs:
+            self._born = born_now
+            return
+        for i, p in enumerate(procs):
+            age = p.get("age_s")
+            if type(age) is not float or not math.isfinite(age) or abs(age) > 1e9:
+                continue
+            pid = p.get("pid")
+            centre = t_us - round(age * 1e6)
+            lo, hi = centre - _TENTH_US // 2, centre + _TENTH_US // 2
+            was = born_was.get(pid)
+            if was is not None and max(lo, was[1]) <= min(hi, was[2]):
+                lo, hi = max(lo, was[1]), min(hi, was[2])  # else a new process under an old pid
+            if was is not None and age_at(t_us, was[0]) == age:
+                born: int | None = was[0]
+            else:
+                born = next((b for b in ((lo + hi) // 2, centre) if age_at(t_us, b) == age), None)
+            if born is None:
+                continue
+            born_now[pid] = (born, lo, hi)
+            procs[i] = {**{k: v for k, v in p.items() if k != "age_s"}, "born_us": born}
+        self._born = born_now
+
+
+_TENTH_US = 100_000
+
+
+def age_at(t_us: int, born_us: int) -> float:
+    """A host process's age (`age_s`, to 0.1 s as the host source gives it) at `t_us` from its
+    birth `born_us`, both the file's whole microseconds: the writer and the reader compute it alike."""
+    return round((t_us - born_us) / 1e6, 1)
 
 
 RATIO_DIGITS = 3
@@ -338,12 +388,30 @@ class Decoder:
             if len(merged) > MAX_FIELDS:
                 raise BadRecord(f"the host has more than {MAX_FIELDS} fields: not a trace this gpumon reads")
             self._host = merged
-            out["host"] = merged
+            out["host"] = _aged(merged, t_us)
         else:
             raise BadRecord("'host' must be an object or null")
         if "source_errors" in rec:
             out["source_errors"] = rec["source_errors"]
         return out
+
+
+def _aged(host: dict[str, Any], t_us: int) -> dict[str, Any]:
+    """The host with each process's `born_us` read back as its `age_s` at `t_us` (a birth carries
+    over from tick to tick, the age it gives grows)."""
+    procs = host.get("processes")
+    if type(procs) is not list or not any(type(p) is dict and "born_us" in p for p in procs):
+        return host
+    out = []
+    for p in procs:
+        if type(p) is dict and "born_us" in p:
+            born = p["born_us"]
+            if type(born) is not int or abs(born) > 1e17:
+                raise BadRecord(f"a host process's 'born_us' must be whole microseconds, got {shown(born)}")
+            p = {k: v for k, v in p.items() if k != "born_us"}
+            p["age_s"] = age_at(t_us, born)
+        out.append(p)
+    return {**host, "processes": out}
 
 
 def _history(flat: Any, t_us: int) -> list[list[float]]:
