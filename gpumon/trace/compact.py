@@ -218,7 +218,7 @@ class Encoder:
     def _births(self, host: dict[str, Any], t_us: int) -> None:
         """Each host process's `age_s` written as its birth, `born_us` (the file's microseconds),
         wherever the reader's `age_at(t_us, born_us)` gives the very same age back; else as it is.
-        An age grows with every tick (a GPU-day's 6%, once gzipped); a birth stays the same number
+        An age grows with every tick (5% of a starved GPU-day, once gzipped); a birth stays the same number
         while it gives each tick's age. Ages come to 0.1 s, so each one says the birth lies within
         50 ms of the tick's time less the age: the births a process's ages allowed so far narrow
         to its true one, and a birth taken from their middle keeps giving the ages the ticks' jitter
@@ -251,6 +251,7 @@ class Encoder:
 
 
 _TENTH_US = 100_000
+"""The step of the ages the host source gives (0.1 s), in microseconds."""
 
 
 def age_at(t_us: int, born_us: int) -> float:
