@@ -385,10 +385,25 @@ def test_a_host_processs_age_is_recorded_as_its_birth_and_read_back_to_the_same_
     assert with_ages - without < 3600 * 2 / 4, f"two aging processes' hour: {with_ages} vs {without} bytes"
 
 
-def test_an_age_no_birth_gives_back_is_written_as_it_is() -> None:
+@pytest.mark.parametrize(
+    ("ticks", "as_age"),
+    [
+        ([(1.0, float("inf"))], True),  # no birth gives it
+        ([(1.0, -0.0)], True),  # 0.0 and -0.0 are two JSON values: a birth gives back 0.0
+        ([(0.2, -0.1), (0.26, 0.0)], False),
+        ([(9.99e10, -1e9)], True),  # its birth beyond what a reader takes (|born_us| <= 1e17)
+    ],
+)
+def test_an_age_comes_back_as_sampled_even_where_no_birth_gives_it(
+    ticks: list[tuple[float, float]], as_age: bool
+) -> None:
     enc, dec = Encoder(0.0), Decoder()
-    odd = ProcessCpu(9, "python", 0.1, 0.0, 0.0, 0, None, age_s=float("inf"))
-    host = HostSample(1.0, 8, 0.1, 0.1, 0.0, 0.0, 0.0, (odd,))
-    rec = json.loads(json.dumps(enc.encode(Tick(1.0, (), host))))
-    assert rec["host"]["processes"][0]["age_s"] == float("inf")
-    assert dec.decode(rec)["host"]["processes"][0]["age_s"] == float("inf")
+    for t, age in ticks:
+        proc = ProcessCpu(9, "python", 0.1, 0.0, 0.0, 0, None, age_s=age)
+        rec = json.loads(
+            json.dumps(enc.encode(Tick(t, (), HostSample(t, 8, 0.1, 0.1, 0.0, 0.0, 0.0, (proc,)))))
+        )
+        written = rec["host"]["processes"][0]
+        assert ("age_s" in written) is as_age and ("born_us" in written) is not as_age, written
+        back = dec.decode(rec)["host"]["processes"][0]["age_s"]
+        assert repr(back) == repr(age), (t, age, back)

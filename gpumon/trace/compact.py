@@ -239,10 +239,10 @@ class Encoder:
             was = born_was.get(pid)
             if was is not None and max(lo, was[1]) <= min(hi, was[2]):
                 lo, hi = max(lo, was[1]), min(hi, was[2])  # else a new process under an old pid
-            if was is not None and age_at(t_us, was[0]) == age:
+            if was is not None and _gives(t_us, was[0], age):
                 born: int | None = was[0]
             else:
-                born = next((b for b in ((lo + hi) // 2, centre) if age_at(t_us, b) == age), None)
+                born = next((b for b in ((lo + hi) // 2, centre) if _gives(t_us, b, age)), None)
             if born is None:
                 continue
             born_now[pid] = (born, lo, hi)
@@ -252,6 +252,16 @@ class Encoder:
 
 _TENTH_US = 100_000
 """The step of the ages the host source gives (0.1 s), in microseconds."""
+MAX_BORN_US = 10**17
+"""The largest `born_us` (either sign) a reader takes, as for `dt_us`: the writer gives the age as
+it is beyond it."""
+
+
+def _gives(t_us: int, born_us: int, age: float) -> bool:
+    """Whether a reader gets `age` back from `born_us` at `t_us`, to its sign (0.0 is not -0.0 in
+    JSON), with a birth it does not refuse."""
+    back = age_at(t_us, born_us)
+    return back == age and math.copysign(1.0, back) == math.copysign(1.0, age) and abs(born_us) <= MAX_BORN_US
 
 
 def age_at(t_us: int, born_us: int) -> float:
@@ -407,7 +417,7 @@ def _aged(host: dict[str, Any], t_us: int) -> dict[str, Any]:
     for p in procs:
         if type(p) is dict and "born_us" in p:
             born = p["born_us"]
-            if type(born) is not int or abs(born) > 1e17:
+            if type(born) is not int or abs(born) > MAX_BORN_US:
                 raise BadRecord(f"a host process's 'born_us' must be whole microseconds, got {shown(born)}")
             p = {k: v for k, v in p.items() if k != "born_us"}
             p["age_s"] = age_at(t_us, born)
