@@ -407,3 +407,24 @@ def test_an_age_comes_back_as_sampled_even_where_no_birth_gives_it(
         assert ("age_s" in written) is as_age and ("born_us" in written) is not as_age, written
         back = dec.decode(rec)["host"]["processes"][0]["age_s"]
         assert repr(back) == repr(age), (t, age, back)
+
+
+def test_a_version_1_trace_that_starts_before_zero_is_not_converted_into_a_file_none_can_read(
+    tmp_path: Path,
+) -> None:
+    """Version 1 reads a negative t_s; version 3 counts from its start on, and wrote a negative
+    dt_us that every reader then refused (found by a helper's fuzzing)."""
+    v1 = tmp_path / "early.jsonl"
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "n", "available": True, "util_ratio": 0.0, "util_history": []}
+    ticks = [{"type": "tick", "t_s": t, "gpus": [gpu], "host": None} for t in (-5.0, -4.0, -3.0)]
+    header = {**HEADER, "version": 1}
+    v1.write_text("".join(json.dumps(r) + "\n" for r in [header, *ticks]))
+    out = tmp_path / "early.gpt"
+    p = gpumon("trace", "convert", str(v1), str(out))
+    assert p.returncode == 5, p.stderr
+    line = one_line_error(p)
+    assert str(out) in line and "t_s -5" in line and ".jsonl" in line, line
+    assert read_trace(str(out)).ticks == [], "what it holds still reads: its header"
+    kept = tmp_path / "kept.jsonl"
+    assert gpumon("trace", "convert", str(v1), str(kept)).returncode == 0
+    assert [t.t_s for t in read_trace(str(kept)).ticks] == [-5.0, -4.0, -3.0]

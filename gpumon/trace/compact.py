@@ -178,6 +178,11 @@ class Encoder:
         """The last tick's host processes, by pid: the birth written (born_us), and the earliest
         and latest births their ages allowed so far."""
 
+    def behind(self, tick: Tick) -> bool:
+        """Whether `tick` comes before the file's start or the tick before it: a record's `dt_us`
+        cannot be negative."""
+        return round((tick.t_s - self._origin) * 1e6) < self._t_us
+
     def encode(self, tick: Tick) -> dict[str, Any]:
         origin = self._origin
         t_us = round((tick.t_s - origin) * 1e6)

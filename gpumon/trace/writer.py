@@ -151,6 +151,12 @@ class TraceWriterV2(_Gated):
         return OutputError(f"{e}; the {self.ticks} ticks before are kept")
 
     def _write_tick(self, tick: Tick) -> None:
+        if self._enc.behind(tick):  # a version 1 file may start at a negative t_s: it converted unreadable
+            raise OutputError(
+                f"{self.path}: a tick at t_s {tick.t_s:g} comes before the trace's start or the tick before "
+                "it: this format holds times from its start on; write version 1 (an output name ending in "
+                ".jsonl) to keep them"
+            )
         t_s = round(tick.t_s - self._origin, 6)
         if self._synced_t_s is None:
             self._synced_t_s = t_s - self._sync_every_s  # the first tick goes at once
