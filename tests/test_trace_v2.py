@@ -136,6 +136,20 @@ HEADER = {"type": "header", "format": "gpumon-trace", "version": 2, "interval_s"
             [HEADER, {"dt_us": 1000000, "gpus": [], "host": {"processes": [{"pid": 7, "born_us": 1.5}]}}],
             "'born_us' must be whole microseconds",
         ),
+        (  # inherited by every tick after it, read again for each
+            [
+                HEADER,
+                {"dt_us": 1000000, "gpus": [], "host": {"processes": [{"pid": k} for k in range(5000)]}},
+            ],
+            "5000 processes in one list, more than 4096",
+        ),
+        (
+            [
+                HEADER,
+                {"dt_us": 1000000, "gpus": [{"index": 0, "processes": [{"pid": 1}] * 4097}], "host": None},
+            ],
+            "more than 4096",
+        ),
     ],
 )
 def test_a_bad_version_2_record_is_refused_naming_file_record_and_byte(

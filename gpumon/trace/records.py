@@ -211,6 +211,19 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
+MAX_PROCESSES = 4096
+"""Processes one GPU or the host may list in a tick (a node's GPU processes are tens, hundreds
+with MPS): a version 2 file's host inherits its list on every tick it does not change, and a
+record of 200,000 made each tick after it cost 0.6 s to read (a reviewer's finding)."""
+
+
+def _processes(d: dict[str, Any]) -> list[Any]:
+    procs = _list(d, "processes")
+    if len(procs) > MAX_PROCESSES:
+        raise BadRecord(f"{len(procs)} processes in one list, more than {MAX_PROCESSES}: not a trace to read")
+    return procs
+
+
 _NUMBER = (int, float)
 """Exact types (type(x) in _NUMBER): bool, a subclass of int, is not a number in a trace."""
 
@@ -249,7 +262,7 @@ def _gpu(d: Any, t_s: float) -> GpuSample:
             )
         history.append(UtilPoint(float(t), float(u)))
     procs = []
-    for p in _list(d, "processes"):
+    for p in _processes(d):
         if not isinstance(p, dict):
             raise BadRecord("each process must be an object")
         procs.append(
@@ -315,7 +328,7 @@ def _host(d: Any, t_s: float) -> HostSample | None:
     if not isinstance(d, dict):
         raise BadRecord("'host' must be an object or null")
     procs = []
-    for p in _list(d, "processes"):
+    for p in _processes(d):
         if not isinstance(p, dict):
             raise BadRecord("each host process must be an object")
         procs.append(
