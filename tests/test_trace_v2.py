@@ -139,9 +139,9 @@ HEADER = {"type": "header", "format": "gpumon-trace", "version": 2, "interval_s"
         (  # inherited by every tick after it, read again for each
             [
                 HEADER,
-                {"dt_us": 1000000, "gpus": [], "host": {"processes": [{"pid": k} for k in range(5000)]}},
+                {"dt_us": 1000000, "gpus": [], "host": {"processes": [{"pid": k} for k in range(70_000)]}},
             ],
-            "5000 processes in one list, more than 4096",
+            "70000 processes in one list, more than 65536",
         ),
         (
             [

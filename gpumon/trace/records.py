@@ -212,15 +212,17 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
 
 
 MAX_PROCESSES = 4096
-"""Processes one GPU or the host may list in a tick (a node's GPU processes are tens, hundreds
-with MPS): a version 2 file's host inherits its list on every tick it does not change, and a
-record of 200,000 made each tick after it cost 0.6 s to read (a reviewer's finding)."""
+"""Processes one GPU may list in a tick: as many as gpumon's NVML source reads (its MAX_ENTRIES)."""
+MAX_HOST_PROCESSES = 16 * MAX_PROCESSES
+"""Processes the host may list in a tick (those of 16 GPUs full). A node's GPU processes are tens,
+hundreds with MPS, but a version 2 file's host inherits its list on every tick that does not change
+it: a record of 200,000 made each tick after it cost 0.6 s to read (a reviewer's finding)."""
 
 
-def _processes(d: dict[str, Any]) -> list[Any]:
+def _processes(d: dict[str, Any], most: int = MAX_PROCESSES) -> list[Any]:
     procs = _list(d, "processes")
-    if len(procs) > MAX_PROCESSES:
-        raise BadRecord(f"{len(procs)} processes in one list, more than {MAX_PROCESSES}: not a trace to read")
+    if len(procs) > most:
+        raise BadRecord(f"{len(procs)} processes in one list, more than {most}: not a trace to read")
     return procs
 
 
@@ -328,7 +330,7 @@ def _host(d: Any, t_s: float) -> HostSample | None:
     if not isinstance(d, dict):
         raise BadRecord("'host' must be an object or null")
     procs = []
-    for p in _processes(d):
+    for p in _processes(d, MAX_HOST_PROCESSES):
         if not isinstance(p, dict):
             raise BadRecord("each host process must be an object")
         procs.append(
