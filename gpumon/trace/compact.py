@@ -230,10 +230,7 @@ class Encoder:
         moves across a tenth (one taken from a single age would miss some)."""
         born_was = self._born
         born_now: dict[Any, tuple[int, int, int]] = {}
-        procs = host.get("processes")
-        if not procs:
-            self._born = born_now
-            return
+        procs = host.get("processes") or []
         for i, p in enumerate(procs):
             age = p.get("age_s")
             if type(age) is not float or not math.isfinite(age) or abs(age) > 1e9:
