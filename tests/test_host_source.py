@@ -626,3 +626,31 @@ def test_procfs_names_the_parents_of_new_processes() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_more_gpu_processes_than_a_trace_holds_are_cut_to_the_lowest_pids(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hostile driver listing more processes than a trace reader takes (16 full GPUs' worth) must
+    not make the recorder write ticks no reader accepts: the host follows the lowest pids, says so
+    once, and says when it is over."""
+    import gpumon.collect.sources.host as host
+    from gpumon.trace import records
+
+    assert host.MAX_HOST_PROCESSES == records.MAX_HOST_PROCESSES  # the bound is the reader's
+    monkeypatch.setattr(host, "MAX_HOST_PROCESSES", 3)
+    ps = FakePsutil()
+    ps.cpu = {pid: 0.0 for pid in (500, 100, 400, 200, 300)}
+    src = HostSource(ps)
+    src.poll(0.0, [500, 100, 400, 200, 300])
+    with caplog.at_level("INFO"):
+        h = src.poll(1.0, [500, 100, 400, 200, 300, 100])
+        h2 = src.poll(2.0, [500, 100, 400, 200, 300])
+        src.poll(3.0, [400, 500])  # now followed: a baseline for their rates
+        h4 = src.poll(4.0, [400, 500])
+    assert h is not None and h2 is not None and h4 is not None
+    assert [p.pid for p in h.processes] == [p.pid for p in h2.processes] == [100, 200, 300]
+    assert [p.pid for p in h4.processes] == [400, 500]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("5 GPU processes, more than 3") for m in said) == 1, said  # once
+    assert any(m.startswith("recovered") and "more than 3" in m for m in said), said

@@ -103,6 +103,14 @@ class XidCount(NamedTuple):
     seen: int
 
 
+MAX_GPU_PROCESSES = 4096
+"""The most processes one GPU's sample lists: a GPU takes some tens of contexts (hundreds with MPS).
+The NVML source reads no more, and a trace reader refuses a longer list."""
+MAX_HOST_PROCESSES = 16 * MAX_GPU_PROCESSES
+"""The most processes the host's sample lists (those of 16 full GPUs): the host source follows no
+more, and a trace reader refuses a longer list."""
+
+
 class GpuSample(NamedTuple):
     t_s: float
     index: int  # type: ignore[assignment]  # the GPU's index, not tuple.index

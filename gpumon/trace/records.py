@@ -15,6 +15,8 @@ from typing import Any
 
 from gpumon import __version__
 from gpumon.core.model import (
+    MAX_GPU_PROCESSES,
+    MAX_HOST_PROCESSES,
     GpmActivity,
     GpuProcess,
     GpuSample,
@@ -211,12 +213,10 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-MAX_PROCESSES = 4096
-"""Processes one GPU may list in a tick: as many as gpumon's NVML source reads (its MAX_ENTRIES)."""
-MAX_HOST_PROCESSES = 16 * MAX_PROCESSES
-"""Processes the host may list in a tick (those of 16 GPUs full). A node's GPU processes are tens,
-hundreds with MPS, but a version 2 file's host inherits its list on every tick that does not change
-it: a record of 200,000 made each tick after it cost 0.6 s to read (a reviewer's finding)."""
+MAX_PROCESSES = MAX_GPU_PROCESSES
+"""Processes one GPU may list in a tick: as many as gpumon's NVML source reads."""
+# MAX_HOST_PROCESSES: a version 2 file's host inherits its list on every tick that does not change
+# it: a record of 200,000 made each tick after it cost 0.6 s to read (a reviewer's finding).
 
 
 def _processes(d: dict[str, Any], most: int = MAX_PROCESSES) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import Any
 from gpumon.collect.sources.cpustat import CoreTimes, CpuRatios, ProcStat
 from gpumon.collect.sources.cpustat import ratios as core_ratios
 from gpumon.collect.sources.procfile import read_proc
-from gpumon.core.model import HostSample, ProcessCpu
+from gpumon.core.model import MAX_HOST_PROCESSES, HostSample, ProcessCpu
 from gpumon.core.problems import Problems
 
 log = logging.getLogger("gpumon.host")
@@ -431,7 +431,7 @@ class HostSource:
             )
         cur_cpu = self._cores.read() if self._cores is not None else list(self._ps.cpu_times(percpu=True))
         disk = self._read_disk()
-        procs = self._processes(sorted(set(gpu_pids)), t_s)
+        procs = self._processes(self._followed(gpu_pids), t_s)
         prev_t, prev_cpu, prev_disk = self._prev_t, self._prev_cpu, self._prev_disk
         self._prev_t, self._prev_cpu, self._prev_disk = t_s, cur_cpu, disk
         prev_busy, self._prev_disk_busy = self._prev_disk_busy, self._disk_busy
@@ -476,6 +476,20 @@ class HostSource:
         if self._problems.any_active:
             self._problems.clear("host:disk")
         return value
+
+    def _followed(self, gpu_pids: Iterable[int]) -> list[int]:
+        """The GPU processes to follow this tick: all of them, up to MAX_HOST_PROCESSES (the lowest
+        pids; a trace reader refuses a longer list, and no node runs that many GPU contexts)."""
+        pids = sorted(set(gpu_pids))
+        if len(pids) <= MAX_HOST_PROCESSES:
+            if self._problems.any_active:
+                self._problems.clear("host:processes")
+            return pids
+        self._problems.note(
+            "host:processes",
+            f"{len(pids)} GPU processes, more than {MAX_HOST_PROCESSES}: following the lowest pids only",
+        )
+        return pids[:MAX_HOST_PROCESSES]
 
     def _processes(self, pids: list[int], t_s: float) -> tuple[ProcessCpu, ...]:
         dt = t_s - self._prev_t if self._prev_t is not None else 0.0

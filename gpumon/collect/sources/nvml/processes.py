@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpumon.collect.sources.nvml import codes
-from gpumon.core.model import GpuProcess
+from gpumon.core.model import MAX_GPU_PROCESSES, GpuProcess
 
 FUNCTION = "nvmlDeviceGetComputeRunningProcesses_v3"
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 """NVML_VALUE_NOT_AVAILABLE as an unsigned long long: the driver does not report the memory."""
 FIRST_ENTRIES = 16
 """The buffer's first size, in entries: one call answers a GPU with up to this many contexts."""
-MAX_ENTRIES = 4096
+MAX_ENTRIES = MAX_GPU_PROCESSES
 """The most entries one GPU's list is read with: a driver that claims more (a GPU takes some tens
 of contexts, MPS clients included) is refused, not given a buffer of its count's size."""
 
