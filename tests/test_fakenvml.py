@@ -100,6 +100,30 @@ def test_one_driver_call_reads_what_pynvml_s_two_do(library: Path, tmp_path: Pat
     assert p.stdout.split() == ["True", "120", "True", "6", "True", "NOT_FOUND"] * 2
 
 
+def test_the_stand_ins_pcie_counters_are_stamped_on_its_timeline(library: Path, tmp_path: Path) -> None:
+    """A driver stamps its byte counters with when it read them: the stand-in's counts follow its
+    timeline, so their stamps must too. Stamped on the real clock, two readings of a frozen (or
+    stepped) timeline read bytes over the wrong time: back to back, no rate at all."""
+    config = driver.simulated_config(tmp_path, "starved-io", seconds=60)
+    code = textwrap.dedent("""
+        import os, pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        FIELDS = [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+        def read():
+            tx, rx = pynvml.nvmlDeviceGetFieldValues(h, FIELDS)
+            return tx.timestamp, rx.value.ullVal
+        a, b = read(), read()
+        os.environ["FAKENVML_NOW_US"] = "31000000"
+        c = read()
+        print(b[0] - a[0], b[1] - a[1], c[0] - b[0], c[1] - b[1] > 0)
+    """)
+    env = driver.environment(config, FAKENVML_NOW_US="30000000")
+    p = run([sys.executable, "-c", code], env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "0", "1000000", "True"], "stamped when the timeline read them"
+
+
 def test_the_stand_ins_samples_cross_its_timelines_loop_without_a_gap(library: Path, tmp_path: Path) -> None:
     """The looping timeline's ring, read as a driver's: the samples since the last seen one, across
     the loop's end, every one once, in order, none missing (each lap's range is found by binary

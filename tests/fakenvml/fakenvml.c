@@ -547,7 +547,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
     unsigned long long t = now_us();
     for (int k = 0; k < count; k++) {
         nvmlFieldValue_t *v = &values[k];
-        v->timestamp = (long long)realtime_us();
+        v->timestamp = (long long)(epoch_us + t); /* when the counters were read: the timeline's time */
         v->latencyUsec = 0;
         unsigned int id = v->fieldId;
         if ((id != FI_PCIE_COUNT_TX_BYTES && id != FI_PCIE_COUNT_RX_BYTES) || gpus[d->index].is_mig) {
