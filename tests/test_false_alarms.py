@@ -62,6 +62,80 @@ def test_past_the_grace_a_job_that_runs_nothing_is_stalled(tmp_path: Path) -> No
     assert 20 <= stalled.start_s <= 24, stalled.start_s  # the job's processes are 20 s old then
 
 
+def _start_up(
+    tmp_path: Path, name: str, prepare: Any, seconds: float, th: Thresholds | None = None
+) -> Analysis:
+    """A job that opens the GPU, prepares for `seconds` (no kernel), then trains fed."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0}
+    life = sc.Scenario(
+        name,
+        "prepares, then trains",
+        ((0.0, replace(prepare, **fresh)), (seconds, replace(sc.HEALTHY, **fresh))),
+        ((0.0, "starting"), (seconds, "healthy")),
+    )
+    trace = tmp_path / f"{name}.jsonl"
+    record(Case(name, 0, 1 / 6, seconds + 40, 0.05, (life,)), str(trace))
+    return analyze(str(trace), th)
+
+
+def _preparations() -> dict[str, Any]:
+    from dataclasses import replace
+
+    from gpumon.sim import scenarios as sc
+
+    return {
+        # datasets.map(num_proc=8) after the CUDA context is open
+        "tokenizes-in-8-processes": replace(
+            sc.STARTING, workers=8, worker_cpu=0.99, main_cpu=0.1, read_bytes_per_s=30e6
+        ),
+        # a checkpoint read from network storage: little CPU, much reading
+        "loads-a-checkpoint": replace(sc.STARTING, main_cpu=0.35, read_bytes_per_s=300e6, iowait=0.02),
+        "compiles-on-one-core": replace(sc.STARTING, main_cpu=1.0),
+    }
+
+
+@pytest.mark.parametrize("name", list(_preparations()))
+def test_a_job_preparing_on_the_host_past_the_grace_is_starting_and_fires_no_alert(
+    tmp_path: Path, name: str
+) -> None:
+    """No kernel for 5 minutes while its processes work on the host (a false-alarm hunt found these
+    paged: the tokenizing job as starved-cpu with the advice to add loader workers, the checkpoint
+    load as a critical `stalled`): it prepares, it is not hung, and no input-side remedy applies.
+    Past `starting_busy_s` it is judged as any job."""
+    from .test_false_alarms_loops import assert_no_alert_fires
+
+    a = _start_up(tmp_path, name, _preparations()[name], 300)
+    assert labels(a) == ["starting", "healthy"], labels(a)
+    (g,) = a.gpus
+    starting = next(e for e in g.episodes if e.state == "starting")
+    assert starting.wasted_gpu_s == 0, "preparing is not waste"
+    late = next(v for v in g.verdicts if v.t_s >= 200)
+    assert "work on the host" in late.reason, late.reason
+    assert_no_alert_fires(tmp_path, g)
+    soon = Thresholds(starting_busy_s=150)
+    bounded = _start_up(tmp_path, f"{name}-bounded", _preparations()[name], 300, soon)
+    judged = [e for e in bounded.gpus[0].episodes if e.state not in ("unknown", "starting", "healthy")]
+    assert judged and 150 <= judged[0].start_s <= 156, labels(bounded)
+
+
+def test_past_the_grace_a_quiet_job_that_runs_nothing_is_stalled(tmp_path: Path) -> None:
+    """A job waiting quietly (a rendezvous for ranks that never come, a deadlock before the first
+    step) is stalled once the grace is over, as before: only work on the host extends it."""
+    from dataclasses import replace
+
+    from gpumon.sim import scenarios as sc
+
+    a = _start_up(tmp_path, "quiet", replace(sc.STARTING, main_cpu=0.03), 200)
+    assert labels(a) == ["starting", "stalled", "healthy"], labels(a)
+    stalled = next(e for e in a.gpus[0].episodes if e.state == "stalled")
+    assert 120 <= stalled.start_s <= 124, stalled.start_s
+
+
 def test_a_young_job_that_ran_kernels_and_stops_is_stalled_not_starting(tmp_path: Path) -> None:
     """Within the grace, but it has computed: a hang, not a start-up. And a job older than the
     grace that has run nothing since gpumon saw it is stalled too."""

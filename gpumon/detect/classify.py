@@ -42,7 +42,8 @@ def classify(
     starting_s: float | None = None,
 ) -> Classification:
     """`starting_s`: the job on the GPU opened it this long ago and has run no kernel since, within
-    the start-up grace (the tracker knows; None otherwise)."""
+    the start-up grace, or past it while its processes work on the host (the tracker knows; None
+    otherwise)."""
     if not available:
         return Classification(State.UNKNOWN, None, 0.0, "GPU unavailable (lost or failing)")
     if ev.points < th.min_points or ev.duty_cycle is None:
@@ -68,12 +69,25 @@ def classify(
             State.IDLE, None, _conf(th.stalled_duty - recent, th.stalled_duty), "no process on the GPU"
         )
     if duty < th.stalled_duty and starting_s is not None:
+        if starting_s < th.starting_grace_s:
+            return result(
+                State.STARTING,
+                None,
+                _conf(th.starting_grace_s - starting_s, th.starting_grace_s / 2),
+                f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet: starting up "
+                f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
+            )
+        # past the grace, while its processes work on the host (the tracker tells: Thresholds.starting_busy_s)
+        work = f"{ev.job_cpu_cores or 0.0:.1f} core(s)"
+        if ev.job_read_bytes_per_s:
+            work += f", reading {ev.job_read_bytes_per_s / 1e6:.0f} MB/s"
         return result(
             State.STARTING,
             None,
-            _conf(th.starting_grace_s - starting_s, th.starting_grace_s / 2),
-            f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet: starting up "
-            f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
+            _conf(th.starting_busy_s - starting_s, th.starting_busy_s / 2),
+            f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet, while its processes "
+            f"work on the host ({work}): still preparing (preprocessing, loading, compiling; judged as "
+            f"any job after {th.starting_busy_s:g} s)",
         )
     # A GPU that runs next to nothing while the job's loader workers run flat out is starved by
     # them, not stalled: a hung job's workers fill their queue and idle. On an H200 a job whose

@@ -89,6 +89,14 @@ class Thresholds:
     stalled. The job's age is its oldest GPU process's (from the host), or, where the host cannot
     see them, since gpumon first saw them on the GPU."""
 
+    starting_busy_s: float = _limit(1200.0, 0.0, 86400.0)
+    """A job past `starting_grace_s` that has still run no kernel, but whose processes work on the
+    host (a core's worth of CPU together, `pinned_core`, or reading storage at
+    `read_bytes_with_gaps` or more, within the last STARTING_QUIET_S), stays `starting` up to this
+    long after it started: a dataset tokenized after the GPU was opened, a checkpoint loaded from
+    network storage, a model compiled. A hang is quiet on the host; a job that never gets to its
+    first kernel is judged as any other past this (stalled, or starved where its loader works)."""
+
     min_points: int = _limit(4, 1, 10000)
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
 

@@ -35,6 +35,10 @@ KERNEL_SECONDS = 5.0
 interval) that say a job NVML's utilization shows nothing of runs kernels (it steps), where a
 start-up's one-off kernels (initialisation, a warm-up) are a second or two: the job has then run,
 and is judged (starved, underutilized ...) rather than `starting`."""
+STARTING_QUIET_S = 60.0
+"""Past `starting_grace_s`, a job that has run no kernel stays `starting` while it was seen working on
+the host within this long (Thresholds.starting_busy_s): a preparation that pauses (between files,
+while it waits for a lock) is not taken for a hang at each pause."""
 MAX_CAUSES_KEPT = 32
 """Cause changes remembered per episode: its first cause and the latest changes. A starved episode
 can last days while its cause swings between cpu and io every few minutes; every change kept, it
@@ -194,6 +198,9 @@ class StarvationDetector:
         self._job: JobKey | None = None
         self._job_label: str | None = None
         self._job_since = 0.0
+        self._job_busy_t: float | None = None
+        """When the job now on the GPU, before its first kernel, was last seen working on the host
+        (see Thresholds.starting_busy_s)."""
         self._last_sample_t: float | None = None
         self._gpm_read = False
         """The tick before had a GPM reading: after a failed one, GPM's next covers both ticks."""
@@ -377,6 +384,7 @@ class StarvationDetector:
         if arrived:
             self._job_since, self._job_ran, self._job_work_since = window.t_s, False, None
             self._job_waited = False
+            self._job_busy_t = None
             self._gpm_run = None
             # seen to come only after a window before it (the detector's first window has no past)
             before = self._last_sample_t
@@ -430,13 +438,20 @@ class StarvationDetector:
         processes (it has reported twice without them), since this detector first saw the job."""
         if self._job is None or self._job_ran:
             return None
+        th = self.thresholds
+        reads = ev.job_read_bytes_per_s or 0.0
+        if (ev.job_cpu_cores or 0.0) >= th.pinned_core or reads >= th.read_bytes_with_gaps:
+            self._job_busy_t = t  # working on the host: preparing, not hung
         if ev.job_age_s is not None:
             age = ev.job_age_s
         elif host_samples >= 2 and not ev.job_seen_on_host:
             age = t - self._job_since
         else:
             return None  # not known yet (the host's first reading of a process is its baseline)
-        return age if age < self.thresholds.starting_grace_s else None
+        if age < th.starting_grace_s:
+            return age
+        busy = self._job_busy_t is not None and t - self._job_busy_t <= STARTING_QUIET_S
+        return age if busy and age < th.starting_busy_s else None
 
     def _switch(self, key: tuple[State, Cause | None], since: float, reason: str) -> None:
         old = self._open

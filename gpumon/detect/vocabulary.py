@@ -26,8 +26,9 @@ class State(StrEnum):
     UNDERUTILIZED = "underutilized"
     """Steady low use without gaps, or (GPM) kernels too small for the GPU."""
     STARTING = "starting"
-    """A job opened the GPU recently (within starting_grace_s) and has run no kernel yet: imports,
-    data indexing, compilation, a checkpoint loading. Not a hang, and not waste to alert on."""
+    """A job opened the GPU recently (within starting_grace_s, or starting_busy_s while its processes
+    work on the host) and has run no kernel yet: imports, data indexing, compilation, a checkpoint
+    loading. Not a hang, and not waste to alert on."""
     MIG = "mig"
     """A GPU in MIG mode: its work runs in its instances, each judged on its own; the parent has
     no verdict of its own."""
