@@ -563,3 +563,20 @@ def test_a_simulated_gpu_step_out_of_range_is_refused_before_anything_starts(
     assert p.returncode == 2, p.stderr
     line = one_line_error(p)
     assert "--gpu-step-ms" in line and names in line
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["serve", "--check-config", "--simulate", "healthy", "--interval", "0.01"], "--interval"),
+        (["record", "--simulate", "healthy", "--duration", "1"], "-o/--output"),
+        (["analyze", "--no-such-flag", "x.jsonl"], "--no-such-flag"),
+        (["bogus"], "'bogus'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_flag_and_exit_2(args: list[str], named: str) -> None:
+    """Not argparse's usage block of every flag before it (6-9 lines that buried the one to fix)."""
+    p = gpumon(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and named in lines[0] and "--help" in lines[0], p.stderr

@@ -49,11 +49,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse's own usage errors ("unrecognized arguments: ...", an ambiguous option) quote what
     was typed as it is: a file name from a glob (`gpumon analyze *`) could carry a terminal escape
     or a newline that forges a line. Said through one_line, as every other error line is. The
-    subcommands' parsers are of this class too (add_subparsers makes them of the parser's)."""
+    subcommands' parsers are of this class too (add_subparsers makes them of the parser's).
+
+    One line, as every other error is: argparse's usage block before it (6-9 lines of every flag)
+    buried the line that names what to fix; `--help` lists the flags."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see: {self.prog} --help)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
