@@ -2,7 +2,7 @@
 
 What changes from version 1, and why (measured on a simulated starved-cpu + healthy hour, 1 s
 ticks, driver samples at 1/6 s: benchmarks/trace_size.py):
-- The file is one gzip stream (zlib level 6), flushed (Z_SYNC_FLUSH) after every record by
+- The file is one gzip stream (zlib level 9), flushed (Z_SYNC_FLUSH) after every record by
   `gpumon record`, every 5 s by the daemon's recorder (gpumon.trace.recorder.SYNC_EVERY_S), so a
   process killed at any moment leaves every record older than that decodable. `zcat FILE`
   shows the JSON Lines inside.
