@@ -654,3 +654,36 @@ def test_more_gpu_processes_than_a_trace_holds_are_cut_to_the_lowest_pids(
     said = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("5 GPU processes, more than 3") for m in said) == 1, said  # once
     assert any(m.startswith("recovered") and "more than 3" in m for m in said), said
+
+
+def test_a_proc_file_kept_open_reads_the_file_made_afresh_each_time(tmp_path: Path) -> None:
+    """/proc/stat, /proc/loadavg and /proc/diskstats are opened once and read again from their
+    start each tick: what each read says must be the kernel's now, as a fresh open's would be."""
+    import os
+    import subprocess
+    import sys
+
+    from gpumon.collect.sources.procfile import ProcFile, read_proc
+
+    loadavg = ProcFile("/proc/loadavg", one_record=True)
+    before = int(loadavg.read().split()[-1])
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # a birth moves the newest PID
+    assert int(loadavg.read().split()[-1]) != before
+    stat = ProcFile("/proc/stat", 1 << 20)
+    ticks = sum(map(int, stat.read().split(b"\n", 1)[0].split()[1:]))
+    t = os.times().elapsed
+    while os.times().elapsed - t < 0.05:  # the machine's clock ticks (10 ms) move on
+        pass
+    assert sum(map(int, stat.read().split(b"\n", 1)[0].split()[1:])) > ticks
+    assert ProcFile("/proc/diskstats", 1 << 20).read().count(b"\n") == read_proc(
+        "/proc/diskstats", 1 << 20
+    ).count(b"\n")
+    gone = tmp_path / "gone"
+    gone.write_text("1\n")
+    kept = ProcFile(str(gone))
+    assert kept.read() == b"1\n"
+    gone.unlink()
+    assert kept.read() == b"1\n"  # (an open file outlives its name, as in /proc it never goes)
+    kept.close()
+    with pytest.raises(OSError):
+        kept.read()  # closed: opened again, and the name is gone

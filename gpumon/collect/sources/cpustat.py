@@ -17,7 +17,7 @@ import itertools
 import operator
 from typing import NamedTuple
 
-from gpumon.collect.sources.procfile import read_proc
+from gpumon.collect.sources.procfile import ProcFile
 
 MAX_BYTES = 1 << 20
 """At most this much of /proc/stat is read: its per-core lines come first (~100 bytes a core, so
@@ -120,10 +120,11 @@ class ProcStat:
 
     def __init__(self, path: str = "/proc/stat") -> None:
         self.path = path
+        self._file = ProcFile(path, MAX_BYTES)
 
     def read(self) -> CoreTimes:
         """ValueError where the file has no per-core lines this module can read; OSError as opened."""
-        found = parse(read_proc(self.path, MAX_BYTES))
+        found = parse(self._file.read())
         if found is None:
             raise ValueError(f"{self.path}: no per-core lines of {COLUMNS} columns or more")
         return found

@@ -25,7 +25,7 @@ from typing import Any
 
 from gpumon.collect.sources.cpustat import CoreTimes, CpuRatios, ProcStat
 from gpumon.collect.sources.cpustat import ratios as core_ratios
-from gpumon.collect.sources.procfile import read_proc
+from gpumon.collect.sources.procfile import ProcFile, read_proc
 from gpumon.core.model import MAX_HOST_PROCESSES, HostSample, ProcessCpu
 from gpumon.core.problems import Problems
 
@@ -149,6 +149,7 @@ class ProcFs:
         self.running: int | None = None
         """The threads runnable at the last newest_pid() read (this one included)."""
         self._tck = float(os.sysconf("SC_CLK_TCK"))
+        self._loadavg = ProcFile(f"{root}/loadavg", SMALL, one_record=True)
         self._delayacct = False
         self._checked = -float("inf")
 
@@ -224,7 +225,7 @@ class ProcFs:
         where it could not be read), so that the tick reads the file once."""
         self.load1 = self.running = None
         try:
-            fields = read_proc(f"{self.root}/loadavg", SMALL, one_record=True).split()
+            fields = self._loadavg.read().split()
             self.load1 = float(fields[0])
             self.running = int(fields[3].split(b"/")[0])
             return int(fields[-1])
@@ -298,6 +299,7 @@ class DiskStats:
 
     def __init__(self, path: str, sys_block: str = "/sys/block") -> None:
         self._path = path
+        self._file = ProcFile(path, MAX_DISKSTATS)
         self._sys_block = sys_block
         self._disks: frozenset[str] = frozenset()
         self._checked = -float("inf")
@@ -308,7 +310,7 @@ class DiskStats:
     def read(self) -> tuple[int, dict[str, int]]:
         """Bytes read from whole disks, and each whole disk's milliseconds spent doing I/O
         (io_ticks, the 10th statistic: what iostat's %util is made of)."""
-        lines = read_proc(self._path, MAX_DISKSTATS).split(b"\n")
+        lines = self._file.read().split(b"\n")
         now = time.monotonic()
         if now - self._checked >= self.RECHECK_S:
             self._disks = (
