@@ -571,6 +571,7 @@ def test_a_simulated_gpu_step_out_of_range_is_refused_before_anything_starts(
         (["serve", "--check-config", "--simulate", "healthy", "--interval", "0.01"], "--interval"),
         (["record", "--simulate", "healthy", "--duration", "1"], "-o/--output"),
         (["analyze", "--no-such-flag", "x.jsonl"], "--no-such-flag"),
+        (["serve", "--bogus"], "--bogus"),
         (["bogus"], "'bogus'"),
     ],
 )
@@ -579,4 +580,7 @@ def test_a_usage_error_is_one_line_naming_the_flag_and_exit_2(args: list[str], n
     p = gpumon(*args)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
-    assert len(lines) == 1 and named in lines[0] and "--help" in lines[0], p.stderr
+    assert len(lines) == 1 and named in lines[0], p.stderr
+    command = args[0] if args[0] in ("serve", "record", "analyze") else None
+    where = f"(see: gpumon {command} --help)" if command else "(see: gpumon --help)"
+    assert lines[0].endswith(where), "the list of the flags the command takes"

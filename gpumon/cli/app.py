@@ -54,8 +54,13 @@ class _Parser(argparse.ArgumentParser):
     One line, as every other error is: argparse's usage block before it (6-9 lines of every flag)
     buried the line that names what to fix; `--help` lists the flags."""
 
+    help_hint: str | None = None
+    """Where the flags are listed, where it is not this parser's --help: the top parser reports a
+    subcommand's unknown flags (`gpumon serve --bogus`), whose list is `gpumon serve --help`."""
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see: {self.prog} --help)\n")
+        hint = self.help_hint or f"{self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see: {hint})\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -122,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     from gpumon.cli import command_of
 
-    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
+    command = command_of(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command)
+    if isinstance(parser, _Parser) and command in COMMANDS:
+        parser.help_hint = f"gpumon {command} --help"
     try:
         args = parser.parse_args(argv)  # usage errors exit 2 here, as argparse does
     except OutputError as e:  # --help or --version to a full disk (argparse knows only OSError)
