@@ -313,31 +313,6 @@ def test_a_busy_gpu_with_a_spinning_training_process_is_still_starved_by_storage
     assert waits.label == "starved-io", waits.reason
 
 
-@pytest.mark.parametrize("current", [None, "starved-cpu", "underutilized"])
-def test_modest_reads_beside_a_busy_loop_are_not_storage_where_the_kernel_counts_no_io_wait(
-    current: str | None,
-) -> None:
-    """A ZeRO-Offload job: 2.4 s of GPU, then 1.2 s of Adam on the CPU in the training process,
-    its workers idle, its loader reading 20 MB/s. Where the kernel counts block-I/O delay and the
-    job waits for none, storage is not the limit: not starved-io (whose advice is to copy the
-    dataset to local SSD; a false-alarm hunt found it). Where the kernel does not count it, a job
-    starved by network storage at 20 MB/s, its workers blocked in reads, looks the same: io, as
-    before. And storage plainly the limit stays io (the test above)."""
-    zero = ev(
-        duty_cycle=0.68,
-        recent_duty=0.68,
-        bursty_quarters=4,
-        main_cpu_cores=1.0,
-        busiest_child_cpu_cores=0.1,
-        job_read_bytes_per_s=20e6,
-    )
-    counted = classify(zero._replace(job_blkio_wait_s=0.0), TH, current)
-    assert counted.label in ("underutilized", "starved-cpu") and counted.cause != "io", counted.reason
-    assert classify(zero, TH, current).label == "starved-io", "no I/O delay counted: may be storage"
-    waits = classify(zero._replace(job_blkio_wait_s=0.8), TH, current)
-    assert waits.label == "starved-io", waits.reason
-
-
 def test_a_worker_wavering_about_a_core_never_flips_a_starved_gpu_to_underutilized() -> None:
     """A CPU-bound worker reads 85-95% of a core (its IPC waits): whichever side of 90% it reads,
     a starved GPU at 70% stays starved; only clearly idle workers (a full queue) make it the loop's

@@ -272,15 +272,7 @@ def classify(
     else:  # a job's first windows: the lines themselves, as for fed_duty above
         busy_line, idle_workers = LOOP_STARVED_DUTY, LOOP_IDLE_WORKERS
     busy_loop = loop_work and duty >= busy_line
-    # Beside a busy loop, where the kernel counts block-I/O delay and the job's processes wait
-    # for none, only reads of read_bytes_high name `io`: a loader reading 20 MB/s between a
-    # ZeRO-Offload job's CPU optimizer steps (2.4 s of GPU, 1.2 s of Adam in the training process,
-    # its workers idle) read starved-io, with the advice to copy the dataset to local SSD (a
-    # false-alarm hunt). Where the kernel does not count it (its default), a job starved by slow
-    # network storage at 20 MB/s, its workers blocked in reads, looks the same: `io` then, as before.
-    plain_io = storage_waits or (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_high
-    loop_io = io if ev.job_blkio_wait_s is None else plain_io
-    if cpu and not ((io and not pinned) or (busy_loop and loop_io)):
+    if cpu and not (io and (not pinned or busy_loop)):
         if loop_work:
             assert main is not None
             if busy_loop and child < idle_workers:
