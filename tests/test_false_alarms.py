@@ -123,17 +123,53 @@ def test_a_job_preparing_on_the_host_past_the_grace_is_starting_and_fires_no_ale
     assert judged and 150 <= judged[0].start_s <= 156, labels(bounded)
 
 
-def test_past_the_grace_a_quiet_job_that_runs_nothing_is_stalled(tmp_path: Path) -> None:
-    """A job waiting quietly (a rendezvous for ranks that never come, a deadlock before the first
-    step) is stalled once the grace is over, as before: only work on the host extends it."""
+@pytest.mark.parametrize(
+    "quiet",
+    [
+        {"main_cpu": 0.03, "workers": 0},  # a rendezvous for ranks that never come
+        {"main_cpu": 0.05, "workers": 4, "worker_cpu": 0.23},  # a deadlock, its workers polling
+    ],
+)
+def test_past_the_grace_a_quiet_job_that_runs_nothing_is_stalled(
+    tmp_path: Path, quiet: dict[str, Any]
+) -> None:
+    """A job waiting (a rendezvous, a deadlock before the first step) is stalled once the grace
+    is over, as before: only one of its processes saturating a core, or its reads, extend it
+    (four workers polling at a quarter of a core each add up to a core, and prepare nothing)."""
     from dataclasses import replace
 
     from gpumon.sim import scenarios as sc
 
-    a = _start_up(tmp_path, "quiet", replace(sc.STARTING, main_cpu=0.03), 200)
+    a = _start_up(tmp_path, "quiet", replace(sc.STARTING, **quiet), 200)
     assert labels(a) == ["starting", "stalled", "healthy"], labels(a)
     stalled = next(e for e in a.gpus[0].episodes if e.state == "stalled")
     assert 120 <= stalled.start_s <= 124, stalled.start_s
+
+
+def test_a_preparation_that_pauses_between_its_bursts_of_work_is_one_start_up(tmp_path: Path) -> None:
+    """Files tokenized one after another with a 90 s wait between them (a lock, a download): not
+    stalled at each pause (a reviewer's finding: at a quiet spell of 60 s it went starting,
+    stalled, starting ten times in one start-up)."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0}
+    work = replace(sc.STARTING, main_cpu=1.0, **fresh)
+    wait = replace(sc.STARTING, main_cpu=0.02, **fresh)
+    # work 60 s, wait 90 s, three times, then train
+    bursts = [(0.0, work), (60.0, wait), (150.0, work), (210.0, wait), (300.0, work), (360.0, wait)]
+    life = sc.Scenario(
+        "pauses",
+        "prepares in bursts",
+        (*bursts, (450.0, replace(sc.HEALTHY, **fresh))),
+        ((0.0, "starting"), (450.0, "healthy")),
+    )
+    trace = tmp_path / "pauses.jsonl"
+    record(Case("pauses", 0, 1 / 6, 500, 0.05, (life,)), str(trace))
+    a = analyze(str(trace))
+    assert labels(a) == ["starting", "healthy"], labels(a)
 
 
 def test_a_young_job_that_ran_kernels_and_stops_is_stalled_not_starting(tmp_path: Path) -> None:

@@ -35,10 +35,12 @@ KERNEL_SECONDS = 5.0
 interval) that say a job NVML's utilization shows nothing of runs kernels (it steps), where a
 start-up's one-off kernels (initialisation, a warm-up) are a second or two: the job has then run,
 and is judged (starved, underutilized ...) rather than `starting`."""
-STARTING_QUIET_S = 60.0
+STARTING_QUIET_S = 120.0
 """Past `starting_grace_s`, a job that has run no kernel stays `starting` while it was seen working on
 the host within this long (Thresholds.starting_busy_s): a preparation that pauses (between files,
-while it waits for a lock) is not taken for a hang at each pause."""
+while it waits for a lock) is not taken for a hang at each pause. At 60 s, a preparation pausing a
+little longer between its bursts of work went starting -> stalled -> starting ten times in one
+start-up (a reviewer's finding); a hang is taken for one this much later."""
 MAX_CAUSES_KEPT = 32
 """Cause changes remembered per episode: its first cause and the latest changes. A starved episode
 can last days while its cause swings between cpu and io every few minutes; every change kept, it
@@ -439,8 +441,10 @@ class StarvationDetector:
         if self._job is None or self._job_ran:
             return None
         th = self.thresholds
+        # one process of the job saturating a core (not the job's sum: four workers polling at a
+        # quarter of a core each while the job hangs are not preparing), or the job reading
         reads = ev.job_read_bytes_per_s or 0.0
-        if (ev.job_cpu_cores or 0.0) >= th.pinned_core or reads >= th.read_bytes_with_gaps:
+        if (ev.busiest_job_core or 0.0) >= th.pinned_core or reads >= th.read_bytes_with_gaps:
             self._job_busy_t = t  # working on the host: preparing, not hung
         if ev.job_age_s is not None:
             age = ev.job_age_s
