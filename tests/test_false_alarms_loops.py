@@ -36,8 +36,9 @@ def starved(g: GpuReport) -> list[str]:
 
 
 def assert_no_alert_fires(tmp_path: Path, g: GpuReport) -> None:
-    """The shipped rules, fed what the daemon would have exported for this GPU (its state and
-    starvation cause, scraped every 15 s), fire nothing at any minute of the run."""
+    """The shipped rules, fed what the daemon would have exported for this GPU (its state, how
+    long it has held it, and its starvation cause, scraped every 15 s), fire nothing at any
+    minute of the run."""
     scraped = [v for v in g.verdicts if round(v.t_s) % SCRAPE_S == 0]
     where = 'gpu="0",instance="node1:9877",job="gpumon"'
     series: list[dict[str, Any]] = [
@@ -47,6 +48,12 @@ def assert_no_alert_fires(tmp_path: Path, g: GpuReport) -> None:
         }
         for state in ("stalled", "sync-stall", "starved")
     ]
+    series.append(
+        {
+            "series": f"gpumon_gpu_state_duration_seconds{{{where}}}",
+            "values": " ".join(f"{max(0.0, v.t_s - v.since_s):.0f}" for v in scraped),
+        }
+    )
     series += [
         {
             "series": f'gpumon_gpu_starvation_cause{{{where},cause="{cause}"}}',
