@@ -96,6 +96,10 @@ def _preparations() -> dict[str, Any]:
         # a checkpoint read from network storage: little CPU, much reading
         "loads-a-checkpoint": replace(sc.STARTING, main_cpu=0.35, read_bytes_per_s=300e6, iowait=0.02),
         "compiles-on-one-core": replace(sc.STARTING, main_cpu=1.0),
+        # 8 tokenizers on a Slurm cpuset of 4 cores: each gets half a core and waits for the rest
+        "tokenizes-on-a-shared-cpuset": replace(
+            sc.STARTING, main_cpu=0.05, workers=8, worker_cpu=0.5, worker_runq=0.5, read_bytes_per_s=0.0
+        ),
     }
 
 

@@ -9,7 +9,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
 from gpumon.core.model import GpuSample, UtilPoint
-from gpumon.detect.classify import Classification, classify
+from gpumon.detect.classify import Classification, classify, starting_work
 from gpumon.detect.evidence import (
     KERNEL_SM_ACTIVE,
     PERIOD_POINTS,
@@ -441,10 +441,7 @@ class StarvationDetector:
         if self._job is None or self._job_ran:
             return None
         th = self.thresholds
-        # one process of the job saturating a core (not the job's sum: four workers polling at a
-        # quarter of a core each while the job hangs are not preparing), or the job reading
-        reads = ev.job_read_bytes_per_s or 0.0
-        if (ev.busiest_job_core or 0.0) >= th.pinned_core or reads >= th.read_bytes_with_gaps:
+        if starting_work(ev, th):
             self._job_busy_t = t  # working on the host: preparing, not hung
         if ev.job_age_s is not None:
             age = ev.job_age_s
