@@ -92,8 +92,8 @@ class Thresholds:
     starting_busy_s: float = _limit(1200.0, 0.0, 86400.0)
     """A job past `starting_grace_s` that has still run no kernel, but whose processes work on the
     host (one of its processes saturating a core, `pinned_core`, or wanting one on a core it shares,
-    or the job reading storage at
-    `read_bytes_with_gaps` or more, within the last STARTING_QUIET_S), stays `starting` up to this
+    or the job reading storage at `read_bytes_with_gaps` or more, within the last STARTING_QUIET_S),
+    stays `starting` up to this
     long after it started: a dataset tokenized after the GPU was opened, a checkpoint loaded from
     network storage, a model compiled. A hang is quiet on the host; a job that never gets to its
     first kernel is judged as any other past this (stalled, or starved where its loader works)."""
