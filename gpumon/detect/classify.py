@@ -33,20 +33,12 @@ def _conf(margin: float, scale: float) -> float:
     return round(0.5 + 0.5 * max(0.0, min(1.0, margin / scale if scale > 0 else 1.0)), 3)
 
 
-def starting_work(ev: Evidence, th: Thresholds) -> bool:
-    """Whether a job that has run no kernel works on the host (Thresholds.starting_busy_s): one of
-    its processes saturating a core, or wanting a whole one (on a core it shares: 8 tokenizers on a
-    Slurm cpuset of 4 cores each get half of one and wait for the rest), or the job reading. Not
-    the job's sum: four workers polling at a quarter of a core each while the job hangs prepare
-    nothing."""
-    busiest = max(ev.busiest_job_core or 0.0, ev.job_cpu_demand_cores or 0.0)
-    return busiest >= th.pinned_core or (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_with_gaps
-
-
-def _work_of(ev: Evidence, th: Thresholds) -> str:
-    """What a preparing job's processes do now, for its reason."""
-    if not starting_work(ev, th):
-        return "until a moment ago: quiet now"
+def starting_work(ev: Evidence, th: Thresholds) -> str | None:
+    """What a job that has run no kernel does on the host, where it works there
+    (Thresholds.starting_busy_s); None where it is quiet. Work is one of its processes saturating a
+    core, or wanting a whole one (on a core it shares: 8 tokenizers on a Slurm cpuset of 4 cores
+    each get half of one and wait for the rest), or the job reading. Not the job's sum: four
+    workers polling at a quarter of a core each while the job hangs prepare nothing."""
     said = []
     busiest, demand = ev.busiest_job_core or 0.0, ev.job_cpu_demand_cores or 0.0
     if max(busiest, demand) >= th.pinned_core:
@@ -54,9 +46,10 @@ def _work_of(ev: Evidence, th: Thresholds) -> str:
             f"its busiest process at {busiest:.0%} of a core"
             + (f", wanting {demand:.0%}" if demand >= busiest + 0.05 else "")
         )
-    if (ev.job_read_bytes_per_s or 0.0) >= th.read_bytes_with_gaps:
-        said.append(f"reading {(ev.job_read_bytes_per_s or 0.0) / 1e6:.0f} MB/s")
-    return ", ".join(said)
+    reads = ev.job_read_bytes_per_s or 0.0
+    if reads >= th.read_bytes_with_gaps:
+        said.append(f"reading {reads / 1e6:.0f} MB/s")
+    return ", ".join(said) or None
 
 
 def classify(
@@ -104,12 +97,13 @@ def classify(
                 f"(imports, data, compilation; stalled if still nothing after {th.starting_grace_s:g} s)",
             )
         # past the grace, while its processes work on the host (the tracker tells: Thresholds.starting_busy_s)
+        work = starting_work(ev, th) or "until a moment ago: quiet now"
         return result(
             State.STARTING,
             None,
             _conf(th.starting_busy_s - starting_s, th.starting_busy_s / 2),
             f"a job opened the GPU {starting_s:.0f} s ago and has run no kernel yet, while its processes "
-            f"work on the host ({_work_of(ev, th)}): still preparing (preprocessing, loading, compiling; "
+            f"work on the host ({work}): still preparing (preprocessing, loading, compiling; "
             f"judged as any job after {th.starting_busy_s:g} s)",
         )
     # A GPU that runs next to nothing while the job's loader workers run flat out is starved by

@@ -5,6 +5,7 @@ source reads such files for the machine and for every job process on every tick.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 CHUNK = 65536
 
@@ -16,18 +17,23 @@ def read_proc(path: str, max_bytes: int = CHUNK, *, one_record: bool = False) ->
     of `max_bytes` is all of it, without a second to find the end."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if one_record:
-            return os.read(fd, max_bytes)
-        parts, size = [], 0
-        while size < max_bytes:
-            part = os.read(fd, min(CHUNK, max_bytes - size))
-            if not part:
-                break
-            parts.append(part)
-            size += len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return _read_all(lambda n, _at: os.read(fd, n), max_bytes, one_record)
     finally:
         os.close(fd)
+
+
+def _read_all(read: Callable[[int, int], bytes], max_bytes: int, one_record: bool) -> bytes:
+    """At most `max_bytes` by `read(n, offset)`, until the end (or one read of a `one_record` file)."""
+    if one_record:
+        return read(max_bytes, 0)
+    parts, size = [], 0
+    while size < max_bytes:
+        part = read(min(CHUNK, max_bytes - size), size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class ProcFile:
@@ -50,16 +56,7 @@ class ProcFile:
         if fd is None:
             fd = self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            if self._one_record:
-                return os.pread(fd, self._max, 0)
-            parts, size = [], 0
-            while size < self._max:
-                part = os.pread(fd, min(CHUNK, self._max - size), size)
-                if not part:
-                    break
-                parts.append(part)
-                size += len(part)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return _read_all(lambda n, at: os.pread(fd, n, at), self._max, self._one_record)
         except OSError:
             self.close()
             raise
