@@ -457,6 +457,41 @@ def test_episodes_follow_jobs_and_waste_is_counted_per_job(tmp_path: Path) -> No
     assert {e["job"] for e in doc["episodes"] if e["state"] != "unknown"} == {first.job, second.job}
 
 
+@pytest.mark.parametrize("period", [1 / 6, 1.0])
+def test_a_job_that_takes_the_gpu_the_tick_another_leaves_is_starting_not_starved(
+    tmp_path: Path, period: float
+) -> None:
+    """A Slurm array's next task (a sweep's next trial) opens the GPU the tick the last one left it,
+    and prepares on one core. The driver samples up to its arrival, and the one that straddles it,
+    are the last job's kernels: read as the new job's work, its first 6-7 s were `starved-cpu` (an
+    episode, 5.5-6.7 GPU-s of waste charged to it) instead of `starting` (a reviewer's find)."""
+    from dataclasses import replace
+
+    from gpumon.analyze.corpus import Case, record
+    from gpumon.sim import scenarios as sc
+
+    fresh = {"job": 1, "started_before_s": 0.0}
+    life = sc.Scenario(
+        "next-task",
+        "a fed job, then the next one opens the GPU at once and prepares",
+        (
+            (0.0, sc.HEALTHY),
+            (200.0, replace(sc.STARTING, main_cpu=0.95, **fresh)),
+            (290.0, replace(sc.HEALTHY, **fresh)),
+        ),
+        ((0.0, "healthy"), (200.0, "starting"), (290.0, "healthy")),
+    )
+    trace = tmp_path / "next-task.jsonl"
+    record(Case("next-task", 0, period, 320, 0.05, (life,)), str(trace))
+    a = analyze(str(trace))
+    assert labels(a) == ["healthy", "starting", "healthy"], labels(a)
+    (gpu,) = a.gpus
+    newer = next(e for e in gpu.episodes if e.state == "starting")
+    assert 200 <= newer.start_s <= 209, newer.start_s  # after the confirmation, as for any start-up
+    assert gpu.episodes[0].job not in (None, newer.job)
+    assert gpu.wasted_by_job.get(newer.job or "", 0.0) == 0.0, gpu.wasted_by_job
+
+
 # -- busy neighbours, through the real NVML path ------------------------------------------------------
 
 

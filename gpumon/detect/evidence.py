@@ -260,11 +260,15 @@ first sample it held), or None if it held the GPU from the tracker's first windo
 
 
 def _arrival_in_window(samples: tuple[GpuSample, ...], arrival: JobArrival) -> float | None:
-    """When the job now on the GPU came, if the window shows it coming (the sample before it is
-    in the window): what scanning the window's samples would find, without the scan."""
-    if arrival is None or not samples or samples[0].t_s > arrival[0]:
+    """When the job now on the GPU came, while the window still holds driver samples that are not
+    its: the ticks up to its arrival, or the one after it, whose first driver sample straddles the
+    arrival (its period may have begun before the job came)."""
+    if arrival is None or not samples:
         return None
-    return arrival[1]
+    before, came = arrival
+    if samples[0].t_s > came + (came - before) + 1e-9:
+        return None
+    return came
 
 
 def _since_first_work(
@@ -292,9 +296,15 @@ def _since_first_work(
             job_since = None
     else:  # the tracker followed it (`arrival`): the same answer without a key per sample
         job_since = _arrival_in_window(samples, arrival if arrival is not True else None)
-    if job_since is None or not points or points[0].t_s >= job_since:
+    if job_since is None or not points:
         return points
-    mine = tuple(p for p in points if p.t_s >= job_since)
+    if arrival is False and points[0].t_s >= job_since:
+        return points
+    # Not the driver samples up to the tick the job was first seen at, nor the first one after
+    # it: its period may have begun before the job came (the job before's last kernels), as the
+    # tracker does not count it as the job's first kernel. A job that followed another at once
+    # read the other's kernels as its own work: `starved-cpu` for its first seconds, not `starting`.
+    mine = tuple(p for p in points if p.t_s > job_since)[1:]
     for n, p in enumerate(mine):
         if p.util_ratio > th.gap_util:
             return mine[n:]
