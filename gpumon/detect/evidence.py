@@ -294,7 +294,8 @@ def _since_first_work(
             job_since = s.t_s
         if not appeared:
             job_since = None
-    else:  # the tracker followed it (`arrival`): the same answer without a key per sample
+    else:  # the tracker followed it (`arrival`): no key per sample, and it knows the arrival
+        # still when the tick before it has left the window (its straddling sample has not)
         job_since = _arrival_in_window(samples, arrival if arrival is not True else None)
     if job_since is None or not points:
         return points
