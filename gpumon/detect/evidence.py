@@ -299,8 +299,6 @@ def _since_first_work(
         job_since = _arrival_in_window(samples, arrival if arrival is not True else None)
     if job_since is None or not points:
         return points
-    if arrival is False and points[0].t_s >= job_since:
-        return points
     # Not the driver samples up to the tick the job was first seen at, nor the first one after
     # it: its period may have begun before the job came (the job before's last kernels), as the
     # tracker does not count it as the job's first kernel. A job that followed another at once

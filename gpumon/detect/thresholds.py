@@ -93,10 +93,10 @@ class Thresholds:
     """A job past `starting_grace_s` that has still run no kernel, but whose processes work on the
     host (one of its processes saturating a core, `pinned_core`, or wanting one on a core it shares,
     or the job reading storage at `read_bytes_with_gaps` or more, within the last STARTING_QUIET_S),
-    stays `starting` up to this
-    long after it started: a dataset tokenized after the GPU was opened, a checkpoint loaded from
-    network storage, a model compiled. A hang is quiet on the host; a job that never gets to its
-    first kernel is judged as any other past this (stalled, or starved where its loader works)."""
+    stays `starting` up to this long after it started: a dataset tokenized after the GPU was opened,
+    a checkpoint loaded from network storage, a model compiled. A hang is quiet on the host; a job
+    that never gets to its first kernel is judged as any other past this (stalled, or starved where
+    its loader works)."""
 
     min_points: int = _limit(4, 1, 10000)
     """Fewer driver samples than this in the window: not enough to judge (state unknown)."""
